@@ -1,0 +1,207 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// Everything that can go wrong with a lock, a lease or the connection under it.
+///
+/// Messages are lower-case and name the lock they are about. Use the `is_*` helpers
+/// rather than matching when you only need to know the broad kind.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `try_lock` found the lock held by someone else.
+    #[error("lock {name:?} is held by another owner")]
+    Contended {
+        /// The lock's name.
+        name: String,
+        /// The holder's remaining lease, when Redis reported one.
+        remaining: Option<Duration>,
+    },
+
+    /// A waiting acquire reached its deadline without getting the lock.
+    #[error("gave up waiting for lock {name:?} after {waited:?}")]
+    Timeout {
+        /// The lock's name.
+        name: String,
+        /// How long the call waited.
+        waited: Duration,
+    },
+
+    /// A release or extend found that the token no longer holds the lock: the lease
+    /// expired, was released, or was taken over. Nothing was changed.
+    #[error("lock {name:?} is not held by this owner (the lease expired, was released or was taken over)")]
+    NotHeld {
+        /// The lock's name.
+        name: String,
+    },
+
+    /// The lock name (with the prefix) cannot be used as a Redis key.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A lease length is zero, too short to be useful, or absurdly long.
+    #[error("invalid ttl {ttl:?} for lock {name:?}: {reason}")]
+    InvalidTtl {
+        /// The lock's name.
+        name: String,
+        /// The rejected TTL.
+        ttl: Duration,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// Some other argument is out of range.
+    #[error("invalid {what} for lock {name:?}: {reason}")]
+    InvalidArgument {
+        /// The lock's name.
+        name: String,
+        /// Which argument.
+        what: &'static str,
+        /// Why it was rejected.
+        reason: String,
+    },
+
+    /// A key of the lock holds a value of another type: something else uses that key.
+    #[error("key {key:?} of lock {name:?} holds a value of the wrong type; is another program using it?")]
+    WrongType {
+        /// The lock's name.
+        name: String,
+        /// The key Redis complained about (or the lock key when unknown).
+        key: String,
+    },
+
+    /// The server refused a write because it is a read-only replica.
+    #[error("redis refused to write lock {name:?}: the server is a read-only replica")]
+    ReadOnly {
+        /// The lock's name.
+        name: String,
+    },
+
+    /// Any other failure talking to Redis: unreachable, timed out, refused, or an error reply.
+    #[error("redis failed during {op} of lock {name:?}: {source}")]
+    Redis {
+        /// The lock's name.
+        name: String,
+        /// The operation: "acquire", "release", "extend", "status", ...
+        op: &'static str,
+        /// What redis-rs reported.
+        #[source]
+        source: RedisError,
+    },
+
+    /// The client could not be set up.
+    #[error("cannot set up redlease: {reason}")]
+    Config {
+        /// What is wrong.
+        reason: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<RedisError>,
+    },
+}
+
+impl Error {
+    /// The lock was held by someone else (`try_lock`).
+    pub fn is_contended(&self) -> bool {
+        matches!(self, Error::Contended { .. })
+    }
+
+    /// A waiting acquire gave up at its deadline.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// The token no longer holds the lock.
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Error::NotHeld { .. })
+    }
+
+    /// Bad input: a name, TTL or other argument was rejected before anything was sent.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidName { .. } | Error::InvalidTtl { .. } | Error::InvalidArgument { .. }
+        )
+    }
+
+    /// Redis could not be reached or did not answer in time; retrying later may work.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Error::Redis { source, .. } => is_transient(source),
+            Error::Config {
+                source: Some(source), ..
+            } => is_transient(source),
+            _ => false,
+        }
+    }
+
+    /// The lock's name, when the error is about one lock.
+    pub fn lock_name(&self) -> Option<&str> {
+        match self {
+            Error::Contended { name, .. }
+            | Error::Timeout { name, .. }
+            | Error::NotHeld { name }
+            | Error::InvalidName { name, .. }
+            | Error::InvalidTtl { name, .. }
+            | Error::InvalidArgument { name, .. }
+            | Error::WrongType { name, .. }
+            | Error::ReadOnly { name }
+            | Error::Redis { name, .. } => Some(name),
+            Error::Config { .. } => None,
+        }
+    }
+
+    /// Maps a redis-rs error of operation `op` on lock `name` to the matching variant.
+    pub(crate) fn from_redis(name: &str, key: &str, op: &'static str, source: RedisError) -> Self {
+        let detail = source.to_string();
+        if source.code() == Some("WRONGTYPE") || detail.contains("WRONGTYPE") {
+            return Error::WrongType {
+                name: name.to_owned(),
+                key: key.to_owned(),
+            };
+        }
+        if source.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+            || source.code() == Some("READONLY")
+            || detail.contains("READONLY")
+        {
+            return Error::ReadOnly {
+                name: name.to_owned(),
+            };
+        }
+        Error::Redis {
+            name: name.to_owned(),
+            op,
+            source,
+        }
+    }
+}
+
+/// Whether a failed request may have been sent and may succeed if tried again: the
+/// connection broke, the reply timed out, or the server is busy loading or failing over.
+pub(crate) fn is_transient(err: &RedisError) -> bool {
+    err.is_timeout()
+        || err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || matches!(
+            err.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+            )
+        )
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,164 @@
+//! Key layout and input validation.
+//!
+//! A plain mutex lives at exactly `<prefix><name>`, so redis-py's `Lock`,
+//! node-redlock and redsync contend on the same key. Every auxiliary key and the
+//! wake-up channel are named `{<lock key>}:<suffix>`: the braces make Redis Cluster
+//! hash only the lock key, so everything of one lock sits in the lock key's slot.
+//! When the lock key already carries a hash tag, the suffix is appended instead, which
+//! keeps that tag (the first `{...}` decides the slot).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Longest accepted lock name, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+/// Shortest accepted lease.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// Longest accepted lease.
+pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The Redis names used by one lock.
+#[derive(Clone, Debug)]
+pub(crate) struct LockKeys {
+    /// The lock key itself, `<prefix><name>`.
+    pub key: String,
+    /// What auxiliary names are built from: `{key}` or `key` if it has a hash tag.
+    base: String,
+}
+
+impl LockKeys {
+    /// Validates `name` and derives the keys of the lock `<prefix><name>`.
+    pub fn new(prefix: &str, name: &str) -> Result<Self> {
+        let invalid = |reason| Error::InvalidName {
+            name: name.to_owned(),
+            reason,
+        };
+        if name.is_empty() {
+            return Err(invalid("the name is empty"));
+        }
+        if name.len() > MAX_NAME_LEN {
+            return Err(invalid("the name is longer than 1024 bytes"));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(invalid("the name contains control characters"));
+        }
+        let key = format!("{prefix}{name}");
+        let base = if hash_tag(&key).is_some() {
+            key.clone()
+        } else if key.contains('}') {
+            // `{key}` would end its tag at this brace and land in another slot.
+            return Err(invalid(
+                "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot",
+            ));
+        } else {
+            format!("{{{key}}}")
+        };
+        Ok(LockKeys { key, base })
+    }
+
+    /// An auxiliary key or channel in the lock key's slot: `{key}:<suffix>`.
+    pub fn aux(&self, suffix: &str) -> String {
+        format!("{}:{suffix}", self.base)
+    }
+}
+
+/// The hash tag Redis Cluster would use for `key`, if any.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let close = key[open + 1..].find('}')?;
+    (close > 0).then(|| &key[open + 1..open + 1 + close])
+}
+
+/// Checks a lease length and returns it in whole milliseconds.
+pub(crate) fn ttl_ms(name: &str, ttl: Duration) -> Result<u64> {
+    let invalid = |reason| Error::InvalidTtl {
+        name: name.to_owned(),
+        ttl,
+        reason,
+    };
+    if ttl.is_zero() {
+        return Err(invalid("a lease must last longer than zero"));
+    }
+    if ttl < MIN_TTL {
+        return Err(invalid("a lease must last at least 10ms"));
+    }
+    if ttl > MAX_TTL {
+        return Err(invalid("a lease may last at most 30 days"));
+    }
+    Ok(ttl.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CRC16/XMODEM slot, as Redis Cluster computes it, to check the layout.
+    fn slot(key: &str) -> u16 {
+        let hashed = hash_tag(key).unwrap_or(key);
+        let mut crc: u16 = 0;
+        for &b in hashed.as_bytes() {
+            crc ^= u16::from(b) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
+    }
+
+    #[test]
+    fn lock_key_is_exactly_prefix_and_name() {
+        let keys = LockKeys::new("redlease:", "deploy").unwrap();
+        assert_eq!(keys.key, "redlease:deploy");
+        assert_eq!(keys.aux("meta"), "{redlease:deploy}:meta");
+        let keys = LockKeys::new("", "lock.foo").unwrap();
+        assert_eq!(keys.key, "lock.foo");
+    }
+
+    #[test]
+    fn auxiliary_keys_share_the_lock_slot() {
+        for (prefix, name) in [
+            ("redlease:", "deploy"),
+            ("", "lock.foo"),
+            ("app:", "{user42}.lock"),
+            ("{tenant}:", "x"),
+            ("p:", "a{b"),
+            ("", "ü-ñ-名前"),
+        ] {
+            let keys = LockKeys::new(prefix, name).unwrap();
+            for suffix in ["meta", "wake", "queue"] {
+                assert_eq!(
+                    slot(&keys.aux(suffix)),
+                    slot(&keys.key),
+                    "{prefix}{name} / {suffix}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_names_are_rejected() {
+        for name in ["", "a}b", "a{}b", "line\nbreak"] {
+            let err = LockKeys::new("p:", name).unwrap_err();
+            assert!(err.is_invalid_input(), "{name:?}: {err}");
+        }
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert!(LockKeys::new("", &long).is_err());
+        assert!(LockKeys::new("", &"x".repeat(MAX_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn ttls_are_checked() {
+        assert!(ttl_ms("n", Duration::ZERO).is_err());
+        assert!(ttl_ms("n", Duration::from_micros(500)).is_err());
+        assert!(ttl_ms("n", Duration::from_millis(9)).is_err());
+        assert_eq!(ttl_ms("n", Duration::from_millis(10)).unwrap(), 10);
+        assert_eq!(ttl_ms("n", Duration::from_secs(30)).unwrap(), 30_000);
+        assert!(ttl_ms("n", Duration::from_secs(31 * 24 * 3600)).is_err());
+        assert!(ttl_ms("n", Duration::MAX).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! Distributed locks and leases on Redis, with fencing tokens, notified waiting and a
+//! signal when a lease is lost.
+//!
+//! # A map of the crate
+//!
+//! - [`Client`]: the entry point. Holds one command connection (yours or its own), one
+//!   pub/sub connection for wake-ups, and one renewal task for all leases.
+//! - [`Mutex`] / [`MutexGuard`]: the plain lock, at key `<prefix><name>` in the format
+//!   redis-py, node-redlock and redsync use.
+//! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
+//!   signal; [`FencingToken`]: the number to hand the protected resource.
+//! - [`Error`]: one error type; messages name the lock.
+//!
+//! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
+//! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
+//! primitives (`mutex`) → this page.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn demo() -> Result<(), redlease::Error> {
+//! let client = redlease::Client::connect("redis://127.0.0.1:6379").await?;
+//! let mutex = client.mutex("invoice-run")?;
+//!
+//! let guard = mutex.lock_timeout(Duration::from_secs(10)).await?;
+//! let fence = guard.fence();
+//! tokio::select! {
+//!     // Do the work, passing `fence` to the resource so a stale holder is refused.
+//!     _ = do_work(fence) => {}
+//!     // The lease could not be kept: stop touching the resource.
+//!     reason = guard.lost() => eprintln!("lost the lock: {reason}"),
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! # async fn do_work(_: redlease::FencingToken) {}
+//! ```
+//!
+//! # What a Redis lock guarantees
+//!
+//! - **Mutual exclusion while the lease is valid and Redis keeps its writes.** Only the
+//!   holder of the random token in the key can extend or release it; acquiring is one
+//!   atomic script, so there is no `SETNX`/`EXPIRE` gap and no deleting someone else's
+//!   lock.
+//! - **Lost replies are harmless.** A retried acquire that finds its own token reports
+//!   success; an acquire that fails or is cancelled after its request may have landed
+//!   compare-and-deletes its token in the background.
+//! - **A holder learns when its lease is gone.** Leases renew every TTL/3; a renewal
+//!   that finds the key gone, or cannot confirm it before `valid_until`, fires
+//!   [`Lease::lost`]. `valid_until` is measured from when the request was *sent*, minus
+//!   a drift margin, so it ends on the client before it ends on the server.
+//! - **What it cannot promise.** A holder that pauses longer than its lease (GC, swap,
+//!   SIGSTOP) may act after another process took the lock; a Redis failover may promote
+//!   a replica that never saw the lock; Redis's clock jumping forward expires leases
+//!   early. In each case the lock alone cannot stop the second writer — the
+//!   [`FencingToken`] can, if the resource rejects tokens lower than the highest it saw.
+//!
+//! # Waiting
+//!
+//! A release publishes on the lock's channel in the same script that frees it; waiting
+//! processes are woken through one shared pub/sub connection per client instead of
+//! polling. A missed wake-up (a dropped connection, a non-redlease client releasing)
+//! costs at most the holder's remaining lease.
+
+#![warn(missing_docs)]
+
+mod client;
+mod conn;
+mod error;
+mod keys;
+mod lease;
+mod mutex;
+mod notify;
+mod renewer;
+mod scripts;
+mod token;
+mod wait;
+
+pub use client::{
+    Client, ClientBuilder, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW,
+    DEFAULT_TTL, LeaseOptions,
+};
+pub use conn::CommandConnection;
+pub use error::{Error, Result};
+pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use lease::{Lease, LostReason};
+pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use token::{FencingToken, Token};

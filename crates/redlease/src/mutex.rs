@@ -1,0 +1,595 @@
+//! The plain distributed mutex.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::client::{ClientInner, LeaseOptions};
+use crate::error::{Error, Result};
+use crate::keys::{self, LockKeys};
+use crate::lease::{Lease, LeaseShared, LostReason, ScriptCall};
+use crate::scripts::{MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_RELEASE, MUTEX_STATUS, array, int, opt_string};
+use crate::token::{FencingToken, Token};
+use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying, spawn_release};
+
+/// A distributed mutual-exclusion lock on one Redis key.
+///
+/// The lock is the key `<prefix><name>` holding the holder's random token, with a PX
+/// TTL: the format redis-py's `Lock`, node-redlock and redsync use, so those clients
+/// and redlease exclude each other on the same key. Each acquisition gets a
+/// [`FencingToken`] that rises strictly with every acquisition of the name.
+///
+/// # Policy
+///
+/// Not fair: when the lock is released, every process waiting for it is woken and one
+/// of them wins (within one process, one waiter per release is woken). Waiters are
+/// woken through Redis pub/sub, never by polling; a missed wake-up costs at most the
+/// holder's remaining lease.
+///
+/// # Guarantees
+///
+/// At most one holder at a time *while leases are valid and Redis keeps its writes*. A
+/// holder that stalls past its lease (a long pause) or a Redis failover that loses the
+/// key can break this; [`MutexGuard::lost`] tells the holder, and fencing tokens let
+/// the protected resource refuse the stale holder.
+///
+/// `Mutex` is a cheap handle (clone it freely); it holds no lock by itself.
+#[derive(Clone, Debug)]
+pub struct Mutex {
+    shared: Arc<MutexShared>,
+}
+
+#[derive(Debug)]
+struct MutexShared {
+    client: Arc<ClientInner>,
+    name: String,
+    keys: LockKeys,
+    meta: String,
+    channel: String,
+    options: LeaseOptions,
+    ttl_ms: u64,
+}
+
+/// What [`Mutex::status`] reports. Never contains the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MutexStatus {
+    /// Whether the lock key exists.
+    pub held: bool,
+    /// The holder's label (`host:pid` by default); `None` when free or held by a client
+    /// other than redlease.
+    pub owner: Option<String>,
+    /// The holder's remaining lease; `None` when free or when the key has no TTL.
+    pub remaining: Option<Duration>,
+    /// The holder's fencing token, when known.
+    pub fence: Option<FencingToken>,
+    /// The highest fencing token issued for this lock within the metadata retention.
+    pub last_fence: Option<FencingToken>,
+    /// When the holder acquired the lock (Redis server time), when known.
+    pub since: Option<SystemTime>,
+    /// How many client connections are waiting for the lock (each waiting process
+    /// counts once, however many tasks in it wait).
+    pub waiters: u64,
+}
+
+impl Mutex {
+    pub(crate) fn new(client: Arc<ClientInner>, name: &str, options: LeaseOptions) -> Result<Self> {
+        let keys = LockKeys::new(&client.prefix, name)?;
+        let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        Ok(Mutex {
+            shared: Arc::new(MutexShared {
+                meta: keys.aux("meta"),
+                channel: keys.aux("wake"),
+                keys,
+                name: name.to_owned(),
+                client,
+                options,
+                ttl_ms,
+            }),
+        })
+    }
+
+    /// The lock's name (without the prefix).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The Redis key of the lock: `<prefix><name>`.
+    pub fn key(&self) -> &str {
+        &self.shared.keys.key
+    }
+
+    /// The lease options of this lock.
+    pub fn options(&self) -> LeaseOptions {
+        self.shared.options
+    }
+
+    /// Takes the lock if it is free, without waiting. One round trip.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the request was sent leaves no lock behind: the
+    /// attempt's token is compare-and-deleted in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Contended`] when someone else holds the lock; [`Error::WrongType`],
+    /// [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be used (after
+    /// retrying temporary failures for the client's retry window).
+    pub async fn try_lock(&self) -> Result<MutexGuard> {
+        self.acquire(None).await
+    }
+
+    /// Takes the lock, waiting as long as it takes.
+    ///
+    /// One round trip when the lock is free. Otherwise the task waits for a release to
+    /// be announced through Redis, never polling; a missed announcement costs at most
+    /// the holder's remaining lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future at any point leaves no lock behind (an attempt
+    /// that may have reached Redis is compare-and-deleted in the background), and a
+    /// wake-up it consumed is passed on to another waiter.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
+    /// used (after retrying temporary failures for the client's retry window).
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        self.acquire(Some(None)).await
+    }
+
+    /// Takes the lock, waiting at most `timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Mutex::lock).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the lock was not acquired in time, and the errors of
+    /// [`lock`](Mutex::lock).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        self.acquire(Some(Some(Instant::now() + timeout))).await
+    }
+
+    async fn acquire(&self, wait: Option<Option<Instant>>) -> Result<MutexGuard> {
+        let s = &*self.shared;
+        let token = Token::generate();
+        let cmd = MUTEX_ACQUIRE.evalsha(
+            &[&s.keys.key, &s.meta],
+            &[
+                token.expose(),
+                &s.ttl_ms.to_string(),
+                &s.client.label,
+                &s.client.retention_ms.to_string(),
+            ],
+        );
+        let pending = Pending::new(
+            s.client.clone(),
+            &s.name,
+            self.release_call(&token),
+            s.options.ttl,
+        );
+        let spec = WaitSpec {
+            client: &s.client,
+            name: &s.name,
+            channel: &s.channel,
+            wait,
+            fallback: s.options.ttl,
+        };
+        let (pending_ref, cmd_ref, token_ref) = (&pending, &cmd, &token);
+        let (fence, lease) = acquire_loop(spec, move |deadline| async move {
+            pending_ref.arm();
+            let sent = Instant::now();
+            let reply = eval_retrying(
+                &s.client,
+                &s.name,
+                &s.keys.key,
+                "acquire",
+                &MUTEX_ACQUIRE,
+                cmd_ref,
+                deadline,
+                Some(pending_ref),
+            )
+            .await
+            .inspect_err(|e| {
+                if !e.is_unavailable() {
+                    // A definite error reply: the script fails before any write.
+                    pending_ref.answered_no();
+                }
+            })?;
+            match array(&reply).unwrap_or_default() {
+                [flag, fence, pttl] if int(flag) == Some(1) => {
+                    let fence = int(fence).ok_or_else(|| bad_reply(s, "acquire"))? as u64;
+                    let remaining = ms(int(pttl)).unwrap_or(s.options.ttl);
+                    Ok(Attempt::Acquired((
+                        fence,
+                        self.new_lease(token_ref, sent, remaining),
+                    )))
+                }
+                [flag, pttl] if int(flag) == Some(0) => {
+                    pending_ref.answered_no();
+                    Ok(Attempt::Busy {
+                        remaining: ms(int(pttl)),
+                    })
+                }
+                _ => Err(bad_reply(s, "acquire")),
+            }
+        })
+        .await?;
+        pending.disarm();
+        tracing::debug!(lock = %s.name, fence, "lock acquired");
+        Ok(MutexGuard {
+            mutex: self.clone(),
+            token: Some(token),
+            fence: FencingToken::new(fence),
+            lease,
+        })
+    }
+
+    fn new_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
+        let s = &*self.shared;
+        let renew = ScriptCall {
+            script: &MUTEX_EXTEND,
+            keys: vec![s.keys.key.clone(), s.meta.clone()],
+            args: vec![token.expose().to_owned(), s.client.retention_ms.to_string()],
+        };
+        let shared = LeaseShared::new(
+            s.name.clone(),
+            sent,
+            s.options.ttl,
+            remaining,
+            renew,
+            self.release_call(token),
+            s.options.auto_renew,
+        );
+        if shared.auto_renew {
+            s.client.renewer.schedule(&shared);
+        }
+        Lease { shared }
+    }
+
+    fn release_call(&self, token: &Token) -> ScriptCall {
+        let s = &*self.shared;
+        ScriptCall {
+            script: &MUTEX_RELEASE,
+            keys: vec![s.keys.key.clone(), s.meta.clone()],
+            args: vec![
+                token.expose().to_owned(),
+                s.channel.clone(),
+                s.client.publish.to_owned(),
+                s.client.retention_ms.to_string(),
+            ],
+        }
+    }
+
+    /// Releases the lock held by `token` (for example a token printed by
+    /// `redlease acquire`), and wakes a waiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not release the lock; calling again is safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the token does not hold the lock (nothing is changed),
+    /// and Redis errors.
+    pub async fn release_token(&self, token: &Token) -> Result<()> {
+        let s = &*self.shared;
+        let call = self.release_call(token);
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            &s.keys.key,
+            "release",
+            call.script,
+            &call.cmd(),
+            None,
+            None,
+        )
+        .await?;
+        match int(&reply) {
+            Some(1) => Ok(()),
+            _ => Err(Error::NotHeld { name: s.name.clone() }),
+        }
+    }
+
+    /// Sets the remaining lease of the lock held by `token` to `ttl`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not extend the lease; calling again is safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTtl`], [`Error::NotHeld`] when the token does not hold the lock
+    /// (nothing is changed), and Redis errors.
+    pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
+        let s = &*self.shared;
+        let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
+        let cmd = MUTEX_EXTEND.evalsha(
+            &[&s.keys.key, &s.meta],
+            &[
+                token.expose(),
+                &s.client.retention_ms.to_string(),
+                &ttl_ms.to_string(),
+            ],
+        );
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            &s.keys.key,
+            "extend",
+            &MUTEX_EXTEND,
+            &cmd,
+            None,
+            None,
+        )
+        .await?;
+        match int(&reply) {
+            Some(1) => Ok(()),
+            _ => Err(Error::NotHeld { name: s.name.clone() }),
+        }
+    }
+
+    /// Who holds the lock, for how long, its fencing tokens and how many wait.
+    ///
+    /// Reads only; never reveals the token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
+    pub async fn status(&self) -> Result<MutexStatus> {
+        let s = &*self.shared;
+        let cmd = MUTEX_STATUS.evalsha(&[&s.keys.key, &s.meta], &[] as &[&str]);
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(&s.channel);
+        let (reply, waiters) = tokio::join!(
+            eval_retrying(
+                &s.client,
+                &s.name,
+                &s.keys.key,
+                "status",
+                &MUTEX_STATUS,
+                &cmd,
+                None,
+                None
+            ),
+            s.client.conn.send(&numsub),
+        );
+        let reply = reply?;
+        let waiters = waiters
+            .ok()
+            .and_then(|v| array(&v).and_then(|a| a.get(1)).and_then(int))
+            .unwrap_or(0);
+        let items = array(&reply).ok_or_else(|| bad_reply(s, "status"))?;
+        let [held, pttl, label, fence, since, last] = items else {
+            return Err(bad_reply(s, "status"));
+        };
+        let fence_of = |v: &redis::Value| opt_string(v).and_then(|x| x.parse().ok()).map(FencingToken::new);
+        Ok(MutexStatus {
+            held: int(held) == Some(1),
+            owner: opt_string(label),
+            remaining: ms(int(pttl)),
+            fence: fence_of(fence),
+            last_fence: fence_of(last),
+            since: opt_string(since)
+                .and_then(|x| x.parse::<u64>().ok())
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+            waiters: waiters.max(0) as u64,
+        })
+    }
+}
+
+/// A positive millisecond count as a duration.
+fn ms(v: Option<i64>) -> Option<Duration> {
+    v.filter(|&x| x >= 0).map(|x| Duration::from_millis(x as u64))
+}
+
+fn bad_reply(s: &MutexShared, op: &'static str) -> Error {
+    Error::Redis {
+        name: s.name.clone(),
+        op,
+        source: redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected script reply")),
+    }
+}
+
+/// Proof of holding a [`Mutex`], with its lease and fencing token.
+///
+/// While the guard lives its lease is renewed automatically (unless the lock was made
+/// with `auto_renew(false)`). Check [`is_held`](MutexGuard::is_held) or await
+/// [`lost`](MutexGuard::lost) to learn when it can no longer be relied on, and pass
+/// [`fence`](MutexGuard::fence) to the resource you protect.
+///
+/// # Drop
+///
+/// Dropping the guard without [`release`](MutexGuard::release) stops renewal and
+/// releases the lock in the background when a tokio runtime is running; otherwise the
+/// lease simply expires after its TTL. Prefer `release().await`: it tells you whether
+/// you still held the lock.
+#[must_use = "dropping the guard releases the lock"]
+#[derive(Debug)]
+pub struct MutexGuard {
+    mutex: Mutex,
+    token: Option<Token>,
+    fence: FencingToken,
+    lease: Lease,
+}
+
+impl MutexGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.mutex.name()
+    }
+
+    /// The lock's Redis key.
+    pub fn key(&self) -> &str {
+        self.mutex.key()
+    }
+
+    /// The mutex this guard holds.
+    pub fn mutex(&self) -> &Mutex {
+        &self.mutex
+    }
+
+    /// The fencing token of this acquisition: strictly greater than that of every
+    /// earlier acquisition of the same lock.
+    pub fn fence(&self) -> FencingToken {
+        self.fence
+    }
+
+    /// The secret token stored in the lock key. Needed only to hand the lock to another
+    /// process; never log it.
+    pub fn token(&self) -> &Token {
+        self.token
+            .as_ref()
+            .expect("token present until the guard is consumed")
+    }
+
+    /// The lease; clone it to watch for loss from another task.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Until when the holder may rely on the lock (see [`Lease::valid_until`]).
+    pub fn valid_until(&self) -> std::time::Instant {
+        self.lease.valid_until()
+    }
+
+    /// Whether the lease is still valid: not lost, and not past `valid_until`.
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// Completes when the lease is lost (see [`Lease::lost`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lost(&self) -> LostReason {
+        self.lease.lost().await
+    }
+
+    /// Sets the remaining lease to `ttl`, from now. Auto-renewal (if on) continues with
+    /// the new TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not extend the lease; renewal continues either way.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lease was already lost (the
+    /// guard then reports [`LostReason::Gone`]); Redis errors.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let s = &*self.mutex.shared;
+        let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
+        if let Some(reason) = self.lease.lost_reason() {
+            tracing::debug!(lock = %s.name, %reason, "extend after the lease ended");
+            return Err(Error::NotHeld { name: s.name.clone() });
+        }
+        let cmd = MUTEX_EXTEND.evalsha(
+            &[&s.keys.key, &s.meta],
+            &[
+                self.token().expose(),
+                &s.client.retention_ms.to_string(),
+                &ttl_ms.to_string(),
+            ],
+        );
+        let sent = Instant::now();
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            &s.keys.key,
+            "extend",
+            &MUTEX_EXTEND,
+            &cmd,
+            None,
+            None,
+        )
+        .await?;
+        if int(&reply) != Some(1) {
+            self.lease.shared.end(LostReason::Gone);
+            return Err(Error::NotHeld { name: s.name.clone() });
+        }
+        let shared = &self.lease.shared;
+        shared.set_ttl(ttl);
+        shared.confirm(sent, ttl);
+        if shared.auto_renew {
+            s.client.renewer.schedule(shared);
+        }
+        Ok(())
+    }
+
+    /// Releases the lock (compare-and-delete) and wakes a waiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before Redis answered, the release finishes in the
+    /// background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the lease had already been lost — the protected work may
+    /// have overlapped another holder's; Redis errors (the release is then retried in
+    /// the background until the lease would have expired).
+    pub async fn release(mut self) -> Result<()> {
+        self.token
+            .take()
+            .expect("token present until the guard is consumed");
+        let shared = self.lease.shared.clone();
+        shared.end(LostReason::Released);
+        let s = self.mutex.shared.clone();
+        let call = shared.release.clone();
+        // Until Redis answers, a cancelled or failed release must still happen.
+        let pending = Pending::new(s.client.clone(), &s.name, call.clone(), shared.ttl());
+        pending.arm();
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            &s.keys.key,
+            "release",
+            call.script,
+            &call.cmd(),
+            None,
+            None,
+        )
+        .await?;
+        pending.disarm();
+        match int(&reply) {
+            Some(1) => {
+                tracing::debug!(lock = %s.name, fence = %self.fence, "lock released");
+                Ok(())
+            }
+            _ => Err(Error::NotHeld { name: s.name.clone() }),
+        }
+    }
+
+    /// Stops renewing and gives up the guard *without* releasing: the lock stays held
+    /// until its lease runs out or someone releases it with the returned token.
+    pub fn forget(mut self) -> Token {
+        self.lease.shared.end(LostReason::Released);
+        self.token
+            .take()
+            .expect("token present until the guard is consumed")
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        if self.token.take().is_some() {
+            let lease = &self.lease.shared;
+            lease.end(LostReason::Released);
+            let s = &self.mutex.shared;
+            spawn_release(
+                s.client.clone(),
+                s.name.clone(),
+                lease.release.clone(),
+                lease.ttl(),
+            );
+        }
+    }
+}

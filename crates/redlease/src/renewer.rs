@@ -1,0 +1,151 @@
+//! The renewal task: one per client, for all of its leases.
+//!
+//! Leases wait in a queue ordered by when their next renewal is due (a third of their
+//! TTL after the last confirmation). Each tick renews every lease that is due — and
+//! those due soon, so that leases taken at slightly different times share ticks — in
+//! one pipelined round trip (one per node on a cluster), instead of one timer task per
+//! lock. A renewal that finds the token gone ends the lease as `Gone`; one that fails
+//! (Redis unreachable, slow) is retried until the lease's `valid_until`, where it ends
+//! as `Expired`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::conn::{CommandConnection, eval_many};
+use crate::lease::{LeaseShared, LostReason};
+use crate::scripts::int;
+
+/// Leases due within this fraction of their interval are renewed in the same tick.
+const COALESCE_DIVISOR: u32 = 4;
+/// Upper bound on how far ahead a tick looks for leases to coalesce.
+const COALESCE_CAP: Duration = Duration::from_secs(5);
+/// Upper bound on the delay before retrying a failed renewal.
+const RETRY_CAP: Duration = Duration::from_millis(500);
+
+struct Entry {
+    lease: Arc<LeaseShared>,
+    epoch: u64,
+}
+
+/// Handle to the renewal task; the task stops when the last handle is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct Renewer {
+    tx: mpsc::UnboundedSender<(Arc<LeaseShared>, Instant, u64)>,
+}
+
+impl Renewer {
+    pub fn spawn(conn: Arc<dyn CommandConnection>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(conn, rx));
+        Renewer { tx }
+    }
+
+    /// (Re)schedules `lease` to be renewed at its next due time; an earlier schedule of
+    /// the same lease is dropped.
+    pub fn schedule(&self, lease: &Arc<LeaseShared>) {
+        let epoch = lease.bump_epoch();
+        let _ = self.tx.send((lease.clone(), lease.next_renewal(), epoch));
+    }
+}
+
+async fn run(
+    conn: Arc<dyn CommandConnection>,
+    mut rx: mpsc::UnboundedReceiver<(Arc<LeaseShared>, Instant, u64)>,
+) {
+    let mut queue: BTreeMap<(Instant, u64), Entry> = BTreeMap::new();
+    let mut seq: u64 = 0;
+    let mut push =
+        |queue: &mut BTreeMap<(Instant, u64), Entry>, lease: Arc<LeaseShared>, due: Instant, epoch: u64| {
+            seq += 1;
+            queue.insert((due, seq), Entry { lease, epoch });
+        };
+    loop {
+        let next = queue.first_key_value().map(|((due, _), _)| *due);
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                Some((lease, due, epoch)) => push(&mut queue, lease, due, epoch),
+                None => return,
+            },
+            _ = async { tokio::time::sleep_until(next.expect("guarded")).await }, if next.is_some() => {
+                let batch = take_due(&mut queue);
+                if batch.is_empty() {
+                    continue;
+                }
+                for (lease, due, epoch) in renew(&*conn, batch).await {
+                    // An extend() may have rescheduled the lease while it was renewed.
+                    if lease.epoch() == epoch {
+                        push(&mut queue, lease, due, epoch);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Removes and returns the live leases that are due now or within their coalescing window.
+fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared>, u64)> {
+    let now = Instant::now();
+    let horizon = now + COALESCE_CAP;
+    let mut keys = Vec::new();
+    for (&(due, seq), entry) in queue.range(..(horizon, u64::MAX)) {
+        let stale = entry.epoch != entry.lease.epoch() || entry.lease.ended().is_some();
+        let window = (entry.lease.interval() / COALESCE_DIVISOR).min(COALESCE_CAP);
+        if stale || due <= now + window {
+            keys.push((due, seq));
+        }
+    }
+    let mut batch = Vec::with_capacity(keys.len());
+    for key in keys {
+        let entry = queue.remove(&key).expect("key was just listed");
+        if entry.epoch == entry.lease.epoch() && entry.lease.ended().is_none() {
+            batch.push((entry.lease, entry.epoch));
+        }
+    }
+    batch
+}
+
+/// Renews a batch in one round trip; returns the leases to requeue with their due times.
+async fn renew(
+    conn: &dyn CommandConnection,
+    batch: Vec<(Arc<LeaseShared>, u64)>,
+) -> Vec<(Arc<LeaseShared>, Instant, u64)> {
+    let calls: Vec<_> = batch
+        .iter()
+        .map(|(lease, _)| (lease.renew.script, lease.renew.cmd_with_ttl(lease.ttl_ms())))
+        .collect();
+    let ttls: Vec<Duration> = batch.iter().map(|(l, _)| l.ttl()).collect();
+    let sent = Instant::now();
+    let results = eval_many(conn, &calls).await;
+    tracing::trace!(leases = batch.len(), elapsed = ?sent.elapsed(), "renewal tick");
+    let mut requeue = Vec::with_capacity(batch.len());
+    for (((lease, epoch), ttl), result) in batch.into_iter().zip(ttls).zip(results) {
+        match result {
+            Ok(reply) if int(&reply) == Some(1) => {
+                lease.confirm(sent, ttl);
+                tracing::trace!(lock = %lease.name, "renewed");
+                let due = lease.next_renewal();
+                requeue.push((lease, due, epoch));
+            }
+            Ok(_) => {
+                lease.end(LostReason::Gone);
+            }
+            Err(err) => {
+                let now = Instant::now();
+                let valid_until = lease.valid_until();
+                if now >= valid_until {
+                    tracing::warn!(lock = %lease.name, error = %err, "renewal failed and the lease ran out");
+                    lease.end(LostReason::Expired);
+                } else {
+                    tracing::debug!(lock = %lease.name, error = %err, "renewal failed; retrying");
+                    let retry = (lease.interval() / 10).clamp(Duration::from_millis(20), RETRY_CAP);
+                    requeue.push((lease, (now + retry).min(valid_until), epoch));
+                }
+            }
+        }
+    }
+    requeue
+}

@@ -1,0 +1,120 @@
+//! The Lua scripts: one file per state change, each with a header listing its KEYS,
+//! ARGV and replies. A script is an immutable value whose SHA1 is computed once; it
+//! runs through EVALSHA and is loaded at most once more when the server answers
+//! NOSCRIPT (after a restart or `SCRIPT FLUSH`).
+
+use std::sync::LazyLock;
+
+use redis::{Cmd, Value};
+
+/// A Lua script with its SHA1, ready for EVALSHA.
+pub(crate) struct LuaScript {
+    pub name: &'static str,
+    code: String,
+    sha: String,
+}
+
+impl LuaScript {
+    fn new(name: &'static str, parts: &[&str]) -> Self {
+        let code = parts.concat();
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        LuaScript { name, code, sha }
+    }
+
+    /// `EVALSHA <sha> <numkeys> keys... args...`
+    pub fn evalsha<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(&self, keys: &[K], args: &[A]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len());
+        for k in keys {
+            cmd.arg(k);
+        }
+        for a in args {
+            cmd.arg(a);
+        }
+        cmd
+    }
+
+    /// `SCRIPT LOAD <code>`
+    pub fn load_cmd(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(&self.code);
+        cmd
+    }
+
+    #[cfg(test)]
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+}
+
+impl std::fmt::Debug for LuaScript {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LuaScript").field("name", &self.name).finish()
+    }
+}
+
+const FENCE: &str = include_str!("fence.lua");
+
+macro_rules! script {
+    ($static:ident, $file:literal) => {
+        pub(crate) static $static: LazyLock<LuaScript> =
+            LazyLock::new(|| LuaScript::new($file, &[include_str!(concat!($file, ".lua"))]));
+    };
+    ($static:ident, $file:literal, fenced) => {
+        pub(crate) static $static: LazyLock<LuaScript> =
+            LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
+    };
+}
+
+script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
+script!(MUTEX_EXTEND, "mutex_extend");
+script!(MUTEX_RELEASE, "mutex_release");
+script!(MUTEX_STATUS, "mutex_status");
+
+/// Reads an integer out of a script reply element.
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        Value::Double(d) => Some(*d as i64),
+        _ => None,
+    }
+}
+
+/// Reads an optional string out of a script reply element (Lua `false` is nil).
+pub(crate) fn opt_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// The elements of an array reply.
+pub(crate) fn array(v: &Value) -> Option<&[Value]> {
+    match v {
+        Value::Array(items) => Some(items),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_documents_its_interface() {
+        for script in [&*MUTEX_ACQUIRE, &*MUTEX_EXTEND, &*MUTEX_RELEASE, &*MUTEX_STATUS] {
+            let code = script.code();
+            let body = code.split("local function next_fence").last().unwrap_or(code);
+            assert!(code.contains(&format!("-- {}.lua:", script.name)), "{} header", script.name);
+            assert!(code.contains("-- KEYS[1]"), "{} lists KEYS", script.name);
+            assert!(code.contains("-- Reply:"), "{} lists replies", script.name);
+            assert_eq!(script.sha.len(), 40);
+            assert!(!body.is_empty());
+        }
+        assert!(MUTEX_ACQUIRE.code().starts_with("-- fence.lua"), "fenced scripts carry the prelude");
+    }
+}

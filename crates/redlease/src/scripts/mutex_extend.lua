@@ -1,0 +1,19 @@
+-- mutex_extend.lua: renew or extend the lease of the holder of a plain mutex.
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  meta key
+-- ARGV[1]  token         the holder's token
+-- ARGV[2]  retention_ms  how long the meta hash outlives the lease
+-- ARGV[3]  ttl_ms        new remaining lease length, from now (always the last argument)
+--
+-- Reply: 1  the token holds the lock; its TTL is now ttl_ms
+--        0  the token does not hold the lock (released, expired or taken over);
+--           nothing was changed
+--
+-- Idempotent: a retry of the same request sets the same TTL again.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[2]))
+return 1

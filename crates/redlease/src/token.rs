@@ -1,0 +1,110 @@
+//! Lock tokens (secret, random) and fencing tokens (public, rising).
+
+use std::fmt;
+
+/// The secret that proves ownership of one acquisition: 128 bits from the operating
+/// system's CSPRNG, fresh for every acquisition, stored as the lock key's value.
+///
+/// Whoever knows the token can release or extend the lock, so it is redacted in
+/// `Debug`, has no `Display`, and is never logged. Use [`expose`](Token::expose) to
+/// hand it to another process deliberately (the CLI's `acquire` prints it).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token(String);
+
+impl Token {
+    /// A fresh random token (32 lowercase hex digits).
+    ///
+    /// # Panics
+    ///
+    /// Never in practice: only if the operating system has no usable random source,
+    /// in which case no secure token can exist.
+    pub(crate) fn generate() -> Self {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+        let mut s = String::with_capacity(32);
+        for b in bytes {
+            s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
+            s.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+        }
+        Token(s)
+    }
+
+    /// Wraps a token received from elsewhere (for example from `redlease acquire`).
+    ///
+    /// Returns `None` for an empty string or one longer than 512 bytes.
+    pub fn from_secret(secret: impl Into<String>) -> Option<Self> {
+        let s = secret.into();
+        (!s.is_empty() && s.len() <= 512).then_some(Token(s))
+    }
+
+    /// The secret itself. Handle with care: it releases the lock.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// A number that rises strictly with every acquisition of the same lock.
+///
+/// Pass it to the resource the lock protects, and have the resource reject any request
+/// carrying a lower token than the highest it has seen. That turns a lock that was
+/// lost without its holder noticing (a long GC pause, a slow network) into a refused
+/// write instead of a corrupted one.
+///
+/// Tokens are `max(previous + 1, Redis server time in microseconds)`: they keep rising
+/// when the lock's metadata expires or is deleted, as long as Redis's clock does not
+/// step back further than the metadata retention. Compare them; do not interpret them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token value (for resources that store them).
+    pub const fn new(value: u64) -> Self {
+        FencingToken(value)
+    }
+
+    /// The raw value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(token: FencingToken) -> u64 {
+        token.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex_and_redacted() {
+        let a = Token::generate();
+        let b = Token::generate();
+        assert_ne!(a, b);
+        assert_eq!(a.expose().len(), 32);
+        assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(format!("{a:?}"), "Token(<redacted>)");
+        assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn foreign_tokens_are_checked() {
+        assert!(Token::from_secret("").is_none());
+        assert!(Token::from_secret("x".repeat(513)).is_none());
+        assert_eq!(Token::from_secret("abc").unwrap().expose(), "abc");
+    }
+}

@@ -1,0 +1,92 @@
+//! Shared helpers for the integration tests: every test starts its own redis-server.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+#[allow(unused_imports)]
+pub use redlease_testkit::{Persistence, Proxy, RedisServer};
+
+/// A fresh server (no persistence); panics with install instructions if missing.
+pub fn server() -> RedisServer {
+    RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A redlease client for `url` with default settings.
+pub async fn client(url: &str) -> redlease::Client {
+    redlease::Client::connect(url).await.expect("connect")
+}
+
+/// A client with a short reply timeout and retry window, for fault tests.
+pub async fn impatient_client(url: &str, timeout: Duration, retry_window: Duration) -> redlease::Client {
+    redlease::Client::builder(redis::Client::open(url).unwrap())
+        .response_timeout(Some(timeout))
+        .retry_window(retry_window)
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// A plain redis-rs connection for inspecting and tampering with keys.
+pub async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// Awaits `fut` for at most `secs` seconds, failing the test with `what` otherwise.
+pub async fn within<T>(secs: f64, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs_f64(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {secs}s: {what}"))
+}
+
+/// Polls `check` every 10 ms until it returns true, for at most `secs` seconds.
+pub async fn eventually<F, Fut>(secs: f64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    within(secs, what, async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+}
+
+pub async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(conn).await.expect("GET")
+}
+
+pub async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("EXISTS");
+    n == 1
+}
+
+pub async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.expect("PTTL")
+}
+
+/// Every key in the server with its TTL in ms (-1: none).
+pub async fn all_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await.expect("KEYS");
+    let mut out = Vec::new();
+    for k in keys {
+        let t = pttl(conn, &k).await;
+        out.push((k, t));
+    }
+    out.sort();
+    out
+}
+
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx]
+}

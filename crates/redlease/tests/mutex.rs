@@ -1,0 +1,543 @@
+//! The plain mutex against a real redis-server: exclusion, fencing, leases, waiting.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlease::{LeaseOptions, LostReason, Token};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_lost_update_with_32_tasks_across_two_clients() {
+    let server = server();
+    let clients = [client(&server.url()).await, client(&server.url()).await];
+    const TASKS: usize = 32;
+    const ROUNDS: usize = 10;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for t in 0..TASKS {
+        let mutex = clients[t % 2].mutex("counter").unwrap();
+        let mut conn = raw(&server).await;
+        let (inside, max_inside) = (inside.clone(), max_inside.clone());
+        handles.push(tokio::spawn(async move {
+            let mut fences = Vec::new();
+            for _ in 0..ROUNDS {
+                let guard = mutex.lock().await.expect("lock");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                // Read-modify-write with a gap in the middle: loses updates unless exclusive.
+                let v: i64 = get(&mut conn, "value").await.map_or(0, |s| s.parse().unwrap());
+                tokio::task::yield_now().await;
+                let _: () = redis::cmd("SET")
+                    .arg("value")
+                    .arg(v + 1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                fences.push(guard.fence());
+                guard.release().await.expect("release");
+            }
+            fences
+        }));
+    }
+    let mut fences = Vec::new();
+    for h in handles {
+        fences.extend(within(120.0, "all tasks finish", h).await.unwrap());
+    }
+    let mut conn = raw(&server).await;
+    assert_eq!(get(&mut conn, "value").await.as_deref(), Some("320"));
+    assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two holders at once");
+    fences.sort();
+    fences.dedup();
+    assert_eq!(
+        fences.len(),
+        TASKS * ROUNDS,
+        "every acquisition got its own fencing token"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("fenced").unwrap();
+    let mut conn = raw(&server).await;
+    let mut last = 0u64;
+    for i in 0..1000 {
+        if i == 300 {
+            // Delete the metadata hash that stores the high-water mark.
+            let _: () = redis::cmd("DEL")
+                .arg("{redlease:fenced}:meta")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        if i == 600 {
+            // Replace it with a stale, lower mark (as a restore from an old snapshot would).
+            let _: () = redis::cmd("HSET")
+                .arg("{redlease:fenced}:meta")
+                .arg("fence")
+                .arg(5)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        if i == 900 {
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        }
+        let guard = mutex.try_lock().await.expect("free lock");
+        let fence = guard.fence().get();
+        assert!(fence > last, "acquisition {i}: fence {fence} not above {last}");
+        last = fence;
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_layout_is_plain_and_nothing_lives_forever() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("layout").unwrap();
+    let mut conn = raw(&server).await;
+    let guard = mutex.lock().await.unwrap();
+    assert_eq!(mutex.key(), "redlease:layout");
+    assert_eq!(
+        get(&mut conn, "redlease:layout").await.as_deref(),
+        Some(guard.token().expose())
+    );
+    let ttl = pttl(&mut conn, "redlease:layout").await;
+    assert!((29_000..=30_000).contains(&ttl), "lock ttl {ttl}");
+    let keys = all_keys(&mut conn).await;
+    assert_eq!(
+        keys.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["redlease:layout", "{redlease:layout}:meta"]
+    );
+    assert!(keys.iter().all(|(_, t)| *t > 0), "a key without TTL: {keys:?}");
+    guard.release().await.unwrap();
+    let keys = all_keys(&mut conn).await;
+    assert_eq!(keys.len(), 1, "only the metadata stays after release: {keys:?}");
+    assert!(keys[0].1 > 0 && keys[0].1 <= 60_000, "metadata ttl {keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_and_is_excluded_by_the_common_set_nx_px_format() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client
+        .mutex_with("shared", LeaseOptions::new().auto_renew(false))
+        .unwrap();
+    let mut conn = raw(&server).await;
+    // A redis-py / redsync style holder.
+    let set: Option<String> = redis::cmd("SET")
+        .arg("redlease:shared")
+        .arg("py-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let err = mutex.try_lock().await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    let status = mutex.status().await.unwrap();
+    assert!(status.held);
+    assert_eq!(status.owner, None, "a foreign holder has no redlease label");
+    // The foreign holder releases with a plain compare-and-delete.
+    let _: () = redis::cmd("DEL")
+        .arg("redlease:shared")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let guard = mutex.try_lock().await.unwrap();
+    let set: Option<String> = redis::cmd("SET")
+        .arg("redlease:shared")
+        .arg("py-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(10_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(set, None, "the foreign client must not get our lock");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_token_release_and_extend_fail_and_leave_the_lock() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("guarded").unwrap();
+    let mut conn = raw(&server).await;
+    let guard = mutex.lock().await.unwrap();
+    let wrong = Token::from_secret("not-the-token").unwrap();
+    let err = mutex.release_token(&wrong).await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert!(
+        err.to_string().contains("\"guarded\""),
+        "message names the lock: {err}"
+    );
+    let err = mutex
+        .extend_token(&wrong, Duration::from_secs(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert_eq!(
+        get(&mut conn, "redlease:guarded").await.as_deref(),
+        Some(guard.token().expose())
+    );
+    assert!(pttl(&mut conn, "redlease:guarded").await <= 30_000);
+    // The right token works.
+    let token = guard.forget();
+    mutex
+        .extend_token(&token, Duration::from_secs(100))
+        .await
+        .unwrap();
+    assert!(pttl(&mut conn, "redlease:guarded").await > 90_000);
+    mutex.release_token(&token).await.unwrap();
+    assert!(!exists(&mut conn, "redlease:guarded").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_reports_contention_with_remaining_lease() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("busy").unwrap();
+    let guard = mutex.try_lock().await.unwrap();
+    let err = mutex.try_lock().await.unwrap_err();
+    match &err {
+        redlease::Error::Contended { name, remaining } => {
+            assert_eq!(name, "busy");
+            let r = remaining.expect("a TTL");
+            assert!(
+                r > Duration::from_secs(25) && r <= Duration::from_secs(30),
+                "{r:?}"
+            );
+        }
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    let err = mutex.lock_timeout(Duration::from_millis(200)).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_a_lease_alive_for_five_ttls() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(300);
+    let mutex = client
+        .mutex_with("renewed", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let other = client
+        .mutex_with("renewed", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let start = Instant::now();
+    while start.elapsed() < ttl * 6 {
+        assert!(guard.is_held(), "lease lapsed after {:?}", start.elapsed());
+        assert!(other.try_lock().await.unwrap_err().is_contended());
+        tokio::time::sleep(ttl / 4).await;
+    }
+    assert!(guard.valid_until() > Instant::now());
+    assert_eq!(guard.lease().lost_reason(), None);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_renewal_the_lease_expires_and_lost_fires() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(200);
+    let mutex = client
+        .mutex_with("short", LeaseOptions::new().ttl(ttl).auto_renew(false))
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let reason = within(1.0, "lost() after valid_until", guard.lost()).await;
+    assert_eq!(reason, LostReason::Expired);
+    assert!(!guard.is_held());
+    // valid_until ends before the server-side expiry.
+    let mut conn = raw(&server).await;
+    eventually(1.0, "key expires", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:short").await }
+    })
+    .await;
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    let _ = &mut conn;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_within_one_renewal_interval_after_external_delete() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(900);
+    let mutex = client
+        .mutex_with("deleted", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("DEL")
+        .arg("redlease:deleted")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    let reason = within(2.0, "lost() after delete", guard.lost()).await;
+    assert_eq!(reason, LostReason::Gone);
+    let took = deleted.elapsed();
+    // One renewal interval is ttl/3 = 300 ms; allow scheduling slack.
+    assert!(
+        took <= ttl / 3 + Duration::from_millis(150),
+        "lost() took {took:?}"
+    );
+    assert!(!guard.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_after_the_server_restarts_empty() {
+    let mut server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(1500);
+    let mutex = client
+        .mutex_with("restarted", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    server.restart().unwrap();
+    let restarted = Instant::now();
+    let reason = within(3.0, "lost() after restart", guard.lost()).await;
+    assert_eq!(
+        reason,
+        LostReason::Gone,
+        "renewal reconnects and finds the key gone"
+    );
+    let took = restarted.elapsed();
+    assert!(
+        took <= ttl / 3 + Duration::from_millis(300),
+        "lost() took {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_changes_the_lease_and_renewal_follows() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("extended").unwrap();
+    let mut conn = raw(&server).await;
+    let guard = mutex.lock().await.unwrap();
+    guard.extend(Duration::from_secs(120)).await.unwrap();
+    assert!(pttl(&mut conn, "redlease:extended").await > 110_000);
+    assert_eq!(guard.lease().ttl(), Duration::from_secs(120));
+    // Shrinking works too, and renewal keeps the short lease alive.
+    guard.extend(Duration::from_millis(300)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(guard.is_held());
+    assert!(exists(&mut conn, "redlease:extended").await);
+    let err = guard.extend(Duration::ZERO).await.unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_guard_releases_in_the_background() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("dropped").unwrap();
+    let mut conn = raw(&server).await;
+    let guard = mutex.lock().await.unwrap();
+    let lease = guard.lease().clone();
+    drop(guard);
+    assert_eq!(lease.lost_reason(), Some(LostReason::Released));
+    eventually(2.0, "background release", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:dropped").await }
+    })
+    .await;
+    let _ = &mut conn;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_lock_leaves_no_key() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("cancelled").unwrap();
+    let mut conn = raw(&server).await;
+    // Cancelled while waiting behind a holder.
+    let holder = mutex.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    holder.release().await.unwrap();
+    // Cancelled at every point of an uncontended acquire: never an orphan.
+    for delay_us in [0u64, 20, 50, 100, 200, 400, 800, 1600] {
+        let fut = mutex.lock();
+        let _ = tokio::time::timeout(Duration::from_micros(delay_us), fut).await;
+        eventually(2.0, "no orphan after cancellation", || {
+            let mut conn = conn.clone();
+            async move { !exists(&mut conn, "redlease:cancelled").await }
+        })
+        .await;
+    }
+    let _ = &mut conn;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_release_not_by_polling() {
+    let server = server();
+    let holder_client = client(&server.url()).await;
+    let waiter_client = client(&server.url()).await;
+    // 30 s leases: a poller bounded by the holder's TTL would wait up to 30 s.
+    let holder = holder_client.mutex("handoff").unwrap();
+    let waiter = waiter_client.mutex("handoff").unwrap();
+    let mut latencies = Vec::new();
+    for _ in 0..30 {
+        let guard = holder.lock().await.unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = waiter.clone();
+        let task = tokio::spawn(async move {
+            let _ = tx.send(());
+            let g = w.lock().await.unwrap();
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        });
+        rx.await.unwrap();
+        // Let the waiter make its first attempt and subscribe.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let acquired = within(5.0, "waiter acquires after release", task).await.unwrap();
+        latencies.push(acquired.saturating_duration_since(released));
+    }
+    latencies.sort();
+    let p50 = percentile(&latencies, 0.5);
+    let p99 = percentile(&latencies, 0.99);
+    eprintln!("handoff p50 {p50:?} p99 {p99:?}");
+    assert!(
+        p50 < Duration::from_millis(20),
+        "handoff p50 {p50:?} (a 100 ms poller would need ~50 ms)"
+    );
+    assert!(p99 < Duration::from_millis(500), "handoff p99 {p99:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_in_one_process_share_one_subscription() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mutex = client.mutex("crowd").unwrap();
+    let mut conn = raw(&server).await;
+    let holder = mutex.lock().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (mutex, order) = (mutex.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = mutex.lock().await.unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+    }
+    eventually(5.0, "the waiters subscribe", || {
+        let mut conn = conn.clone();
+        async move {
+            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("{redlease:crowd}:wake")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            subs[0].1 == 1
+        }
+    })
+    .await;
+    let status = mutex.status().await.unwrap();
+    assert_eq!(status.waiters, 1, "one subscription for 50 local waiters");
+    holder.release().await.unwrap();
+    for t in tasks {
+        within(20.0, "every waiter gets the lock in turn", t)
+            .await
+            .unwrap();
+    }
+    assert_eq!(order.lock().unwrap().len(), 50);
+    let status = mutex.status().await.unwrap();
+    assert!(!status.held);
+    eventually(2.0, "the subscription is dropped with the last waiter", || {
+        let mutex = mutex.clone();
+        async move { mutex.status().await.unwrap().waiters == 0 }
+    })
+    .await;
+    let _ = &mut conn;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_owner_but_never_the_token() {
+    let server = server();
+    let client = redlease::Client::builder(server.client())
+        .owner_label("builder-7:4242")
+        .build()
+        .await
+        .unwrap();
+    let mutex = client.mutex("observed").unwrap();
+    let free = mutex.status().await.unwrap();
+    assert!(!free.held && free.owner.is_none() && free.fence.is_none());
+    let guard = mutex.lock().await.unwrap();
+    let status = mutex.status().await.unwrap();
+    assert!(status.held);
+    assert_eq!(status.owner.as_deref(), Some("builder-7:4242"));
+    assert_eq!(status.fence, Some(guard.fence()));
+    assert_eq!(status.last_fence, Some(guard.fence()));
+    assert!(status.remaining.unwrap() > Duration::from_secs(25));
+    assert!(status.since.is_some());
+    assert!(!format!("{status:?}").contains(guard.token().expose()));
+    assert!(!format!("{guard:?}").contains(guard.token().expose()));
+    let fence = guard.fence();
+    guard.release().await.unwrap();
+    let after = mutex.status().await.unwrap();
+    assert!(!after.held && after.owner.is_none());
+    assert_eq!(
+        after.last_fence,
+        Some(fence),
+        "the fencing mark outlives the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_tasks_share_one_connection_without_mixing_replies() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let client = client.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let mutex = client.mutex(&format!("lock-{i}")).unwrap();
+            for _ in 0..5 {
+                let guard = mutex.try_lock().await.expect("distinct names are free");
+                // The reply our task got must be about our key.
+                assert_eq!(guard.key(), format!("redlease:lock-{i}"));
+                let status = mutex.status().await.unwrap();
+                assert_eq!(
+                    status.fence,
+                    Some(guard.fence()),
+                    "status of lock-{i} belongs to it"
+                );
+                guard.release().await.unwrap();
+            }
+            done.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    for t in tasks {
+        within(60.0, "all tasks", t).await.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), 400);
+}
