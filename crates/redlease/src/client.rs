@@ -258,6 +258,7 @@ impl ClientBuilder {
                 Arc::new(manager)
             }
         };
+        crate::scripts::preload(&*conn).await;
         let redis = self.redis.clone();
         let connector: PubSubConnector = Arc::new(move || {
             let redis = redis.clone();

@@ -71,6 +71,25 @@ script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release");
 script!(MUTEX_STATUS, "mutex_status");
 
+/// Every script, for preloading.
+pub(crate) fn all() -> [&'static LuaScript; 4] {
+    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS]
+}
+
+/// Loads every script into the server's cache in one round trip, so that the first
+/// acquire is a single EVALSHA. Best effort: a failure here only means the first use
+/// of a script pays one NOSCRIPT reload.
+pub(crate) async fn preload(conn: &dyn crate::conn::CommandConnection) {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for script in all() {
+        pipe.add_command(script.load_cmd());
+    }
+    if let Err(e) = conn.send_pipeline(&pipe).await {
+        tracing::debug!(error = %e, "could not preload scripts");
+    }
+}
+
 /// Reads an integer out of a script reply element.
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
@@ -106,15 +125,22 @@ mod tests {
 
     #[test]
     fn every_script_documents_its_interface() {
-        for script in [&*MUTEX_ACQUIRE, &*MUTEX_EXTEND, &*MUTEX_RELEASE, &*MUTEX_STATUS] {
+        for script in all() {
             let code = script.code();
             let body = code.split("local function next_fence").last().unwrap_or(code);
-            assert!(code.contains(&format!("-- {}.lua:", script.name)), "{} header", script.name);
+            assert!(
+                code.contains(&format!("-- {}.lua:", script.name)),
+                "{} header",
+                script.name
+            );
             assert!(code.contains("-- KEYS[1]"), "{} lists KEYS", script.name);
             assert!(code.contains("-- Reply:"), "{} lists replies", script.name);
             assert_eq!(script.sha.len(), 40);
             assert!(!body.is_empty());
         }
-        assert!(MUTEX_ACQUIRE.code().starts_with("-- fence.lua"), "fenced scripts carry the prelude");
+        assert!(
+            MUTEX_ACQUIRE.code().starts_with("-- fence.lua"),
+            "fenced scripts carry the prelude"
+        );
     }
 }

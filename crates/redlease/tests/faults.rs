@@ -1,0 +1,296 @@
+//! Real faults: replies held back past the client timeout, connections cut, the server
+//! paused, flushed, restarted, or read-only.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlease::{LeaseOptions, LostReason};
+
+/// Seed 002: the SET lands, its reply is late, the client times out and retries. The
+/// retry must see its own token and report success — never "failed" while holding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_then_retry_reports_the_lock_we_hold() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(3)).await;
+    let mutex = client.mutex("seed-002").unwrap();
+    let mut conn = raw(&server).await;
+
+    proxy.hold_replies();
+    let attempt = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.try_lock().await }
+    });
+    // The SET reaches Redis even though its reply does not reach the client.
+    eventually(2.0, "the lock key is written", || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, "redlease:seed-002").await }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(350)).await; // past the 200 ms reply timeout
+    proxy.release_replies();
+    let guard = within(5.0, "try_lock returns", attempt)
+        .await
+        .unwrap()
+        .expect("the retry finds our own token");
+    assert_eq!(
+        get(&mut conn, "redlease:seed-002").await.as_deref(),
+        Some(guard.token().expose())
+    );
+    let fence = guard.fence();
+    let status = mutex.status().await.unwrap();
+    assert_eq!(
+        status.fence,
+        Some(fence),
+        "the retry reports the fence it was given"
+    );
+    guard.release().await.unwrap();
+    assert!(!exists(&mut conn, "redlease:seed-002").await);
+}
+
+/// The reply never comes back within the retry window: the caller gets an error, and
+/// the lock it may have taken is removed in the background once Redis answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_without_recovery_leaves_no_orphan() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(
+        &proxy.url(),
+        Duration::from_millis(150),
+        Duration::from_millis(400),
+    )
+    .await;
+    let mutex = client.mutex("orphan").unwrap();
+    let mut conn = raw(&server).await;
+
+    proxy.hold_replies();
+    let err = within(5.0, "try_lock gives up", mutex.try_lock())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "expected a timeout-class error, got {err}");
+    assert!(
+        exists(&mut conn, "redlease:orphan").await,
+        "the SET landed while its reply was held"
+    );
+    proxy.release_replies();
+    eventually(5.0, "the orphan is compare-and-deleted", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:orphan").await }
+    })
+    .await;
+    // And the lock is usable again.
+    let guard = within(5.0, "lock after recovery", mutex.lock()).await.unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_cut_mid_acquire_never_leave_a_false_result() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(&proxy.url(), Duration::from_millis(300), Duration::from_secs(3)).await;
+    let mutex = client.mutex("cut").unwrap();
+    let mut conn = raw(&server).await;
+    for round in 0..20 {
+        proxy.set_delay(Duration::from_millis(5));
+        let attempt = tokio::spawn({
+            let mutex = mutex.clone();
+            async move { mutex.try_lock().await }
+        });
+        tokio::time::sleep(Duration::from_millis(3 + round % 5)).await;
+        proxy.cut();
+        proxy.set_delay(Duration::ZERO);
+        match within(10.0, "try_lock after cut", attempt).await.unwrap() {
+            Ok(guard) => {
+                assert_eq!(
+                    get(&mut conn, "redlease:cut").await.as_deref(),
+                    Some(guard.token().expose()),
+                    "round {round}: acquired, so the key must hold our token"
+                );
+                guard.release().await.unwrap();
+            }
+            Err(err) => assert!(err.is_unavailable(), "round {round}: {err}"),
+        }
+        eventually(5.0, "no orphan after the round", || {
+            let mut conn = conn.clone();
+            async move { !exists(&mut conn, "redlease:cut").await }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_makes_the_lease_expire_on_the_client_first() {
+    let server = server();
+    let client = impatient_client(
+        &server.url(),
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+    )
+    .await;
+    let ttl = Duration::from_millis(600);
+    let mutex = client.mutex_with("paused", LeaseOptions::new().ttl(ttl)).unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let valid_until = guard.valid_until();
+    server.pause();
+    let paused = Instant::now();
+    let reason = within(3.0, "lost() while the server is frozen", guard.lost()).await;
+    let fired = Instant::now();
+    server.resume();
+    assert_eq!(reason, LostReason::Expired);
+    assert!(!guard.is_held());
+    // It fired no later than the lease could have ended on the server.
+    assert!(
+        fired.duration_since(paused) <= ttl + Duration::from_millis(100),
+        "{:?}",
+        fired - paused
+    );
+    assert!(
+        fired + Duration::from_millis(50) >= valid_until,
+        "fired before valid_until"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_after_script_flush_is_reloaded_for_every_operation() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(300);
+    let mutex = client
+        .mutex_with("flushed", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let mut conn = raw(&server).await;
+    let flush = |mut conn: redis::aio::MultiplexedConnection| async move {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    };
+    flush(conn.clone()).await;
+    let guard = mutex.lock().await.expect("acquire reloads its script");
+    flush(conn.clone()).await;
+    // Renewal runs through a pipeline; it must reload too.
+    tokio::time::sleep(ttl * 3).await;
+    assert!(guard.is_held(), "renewal survived SCRIPT FLUSH");
+    flush(conn.clone()).await;
+    guard
+        .extend(Duration::from_secs(5))
+        .await
+        .expect("extend reloads");
+    flush(conn.clone()).await;
+    mutex.status().await.expect("status reloads");
+    flush(conn.clone()).await;
+    guard.release().await.expect("release reloads");
+    assert!(!exists(&mut conn, "redlease:flushed").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("RPUSH")
+        .arg("redlease:listy")
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mutex = client.mutex("listy").unwrap();
+    for result in [mutex.try_lock().await.map(|_| ()), mutex.lock().await.map(|_| ())] {
+        let err = result.unwrap_err();
+        assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
+        assert!(err.to_string().contains("listy"), "{err}");
+    }
+    let err = mutex.status().await.unwrap_err();
+    assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
+    // The metadata key of a different type is caught before any write, too.
+    let _: () = redis::cmd("SET")
+        .arg("{redlease:metaless}:meta")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = client.mutex("metaless").unwrap().try_lock().await.unwrap_err();
+    assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
+    assert!(
+        !exists(&mut conn, "redlease:metaless").await,
+        "no half-written lock"
+    );
+    let keys = all_keys(&mut conn).await;
+    assert_eq!(keys.len(), 2, "nothing else was written: {keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_refuses_clearly() {
+    let primary = server();
+    let replica = RedisServer::builder()
+        .arg("replicaof", format!("127.0.0.1 {}", primary.port()))
+        .start()
+        .unwrap();
+    let client = client(&replica.url()).await;
+    let err = client.mutex("replicated").unwrap().try_lock().await.unwrap_err();
+    assert!(matches!(err, redlease::Error::ReadOnly { .. }), "{err:?}");
+    assert!(err.to_string().contains("read-only replica"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_a_clear_error() {
+    let port = redlease_testkit::free_port();
+    let err = redlease::Client::connect(&format!("redis://127.0.0.1:{port}"))
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    let err = redlease::Client::connect("not a url").await.unwrap_err();
+    assert!(matches!(err, redlease::Error::Config { .. }), "{err:?}");
+
+    // A server that goes away after the client connected.
+    let mut server = server();
+    let client = impatient_client(
+        &server.url(),
+        Duration::from_millis(200),
+        Duration::from_millis(300),
+    )
+    .await;
+    let mutex = client.mutex("gone").unwrap();
+    server.stop();
+    let started = Instant::now();
+    let err = within(5.0, "try_lock fails", mutex.try_lock()).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "failed within the retry window"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_survives_a_server_restart() {
+    let mut server = server();
+    let holder = client(&server.url()).await;
+    let waiter = client(&server.url()).await;
+    let held = holder
+        .mutex_with("restart-wait", LeaseOptions::new().ttl(Duration::from_secs(3)))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let task = tokio::spawn({
+        let mutex = waiter.mutex("restart-wait").unwrap();
+        async move { mutex.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.restart().unwrap(); // comes back empty: the lock is gone
+    let started = Instant::now();
+    let guard = within(10.0, "the waiter acquires after the restart", task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "woken by the reconnect, not the 30 s TTL"
+    );
+    assert_eq!(held.lost().await, LostReason::Gone);
+    guard.release().await.unwrap();
+}
