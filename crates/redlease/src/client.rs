@@ -28,9 +28,11 @@ pub(crate) struct ClientInner {
     pub notifier: Notifier,
     pub renewer: Renewer,
     pub prefix: String,
-    pub label: String,
-    pub retention_ms: u64,
-    pub publish: &'static str,
+    pub label: Arc<str>,
+    /// Metadata retention in milliseconds, as the script argument.
+    pub retention_arg: Arc<str>,
+    /// `PUBLISH` or `SPUBLISH`, as the script argument.
+    pub publish: Arc<str>,
     /// How long a waiter waits for its subscription to be confirmed before polling.
     pub subscribe_timeout: Duration,
     /// For how long a request that failed in a way that may be temporary (timeout,
@@ -269,9 +271,9 @@ impl ClientBuilder {
             renewer: Renewer::spawn(conn.clone()),
             conn,
             prefix: self.prefix,
-            label: self.label.unwrap_or_else(default_label),
-            retention_ms: self.retention.as_millis() as u64,
-            publish: "PUBLISH",
+            label: self.label.unwrap_or_else(default_label).into(),
+            retention_arg: self.retention.as_millis().to_string().into(),
+            publish: "PUBLISH".into(),
             subscribe_timeout: Duration::from_secs(1),
             retry_window: self.retry_window,
         };

@@ -40,10 +40,14 @@ impl LockKeys {
         if name.len() > MAX_NAME_LEN {
             return Err(invalid("the name is longer than 1024 bytes"));
         }
-        if name.chars().any(char::is_control) {
+        if name.bytes().any(|b| b < 0x20 || b == 0x7f)
+            || (!name.is_ascii() && name.chars().any(char::is_control))
+        {
             return Err(invalid("the name contains control characters"));
         }
-        let key = format!("{prefix}{name}");
+        let mut key = String::with_capacity(prefix.len() + name.len());
+        key.push_str(prefix);
+        key.push_str(name);
         let base = if hash_tag(&key).is_some() {
             key.clone()
         } else if key.contains('}') {
@@ -52,14 +56,22 @@ impl LockKeys {
                 "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot",
             ));
         } else {
-            format!("{{{key}}}")
+            let mut base = String::with_capacity(key.len() + 2);
+            base.push('{');
+            base.push_str(&key);
+            base.push('}');
+            base
         };
         Ok(LockKeys { key, base })
     }
 
     /// An auxiliary key or channel in the lock key's slot: `{key}:<suffix>`.
     pub fn aux(&self, suffix: &str) -> String {
-        format!("{}:{suffix}", self.base)
+        let mut aux = String::with_capacity(self.base.len() + 1 + suffix.len());
+        aux.push_str(&self.base);
+        aux.push(':');
+        aux.push_str(suffix);
+        aux
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Cmd;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::scripts::LuaScript;
@@ -43,13 +43,28 @@ impl std::fmt::Display for LostReason {
     }
 }
 
-/// A script call: the script, its keys and its leading arguments. Renewal calls get
-/// the TTL in milliseconds appended as their last argument.
+/// A script call: the script, its keys and its leading arguments, shared cheaply
+/// between the guard, its lease and the renewal task. Renewal calls get the TTL in
+/// milliseconds appended as their last argument.
 #[derive(Clone)]
 pub(crate) struct ScriptCall {
     pub script: &'static LuaScript,
-    pub keys: Vec<String>,
-    pub args: Vec<String>,
+    pub keys: Arc<[Arc<str>]>,
+    pub args: Arc<[Arc<str>]>,
+}
+
+impl ScriptCall {
+    pub fn new(script: &'static LuaScript, keys: Arc<[Arc<str>]>, args: Arc<[Arc<str>]>) -> Self {
+        ScriptCall { script, keys, args }
+    }
+
+    pub fn cmd(&self) -> Cmd {
+        self.script.evalsha(&self.keys, &self.args, None)
+    }
+
+    pub fn cmd_with_ttl(&self, ttl_ms: u64) -> Cmd {
+        self.script.evalsha(&self.keys, &self.args, Some(ttl_ms))
+    }
 }
 
 /// Arguments carry tokens, so `Debug` shows only the script and its keys.
@@ -62,18 +77,6 @@ impl std::fmt::Debug for ScriptCall {
     }
 }
 
-impl ScriptCall {
-    pub fn cmd(&self) -> Cmd {
-        self.script.evalsha(&self.keys, &self.args)
-    }
-
-    pub fn cmd_with_ttl(&self, ttl_ms: u64) -> Cmd {
-        let mut cmd = self.cmd();
-        cmd.arg(ttl_ms);
-        cmd
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 struct LeaseState {
     valid_until: Instant,
@@ -83,8 +86,10 @@ struct LeaseState {
 /// The lease machinery shared by a guard, its [`Lease`] handles and the renewal task.
 #[derive(Debug)]
 pub(crate) struct LeaseShared {
-    pub name: String,
-    state: watch::Sender<LeaseState>,
+    pub name: Arc<str>,
+    state: std::sync::Mutex<LeaseState>,
+    /// Signalled on every change of `state`.
+    changed: Notify,
     ttl_ms: AtomicU64,
     /// Bumped whenever the renewal schedule of this lease changes; queue entries with an
     /// older epoch are stale.
@@ -107,7 +112,7 @@ impl LeaseShared {
     /// A lease confirmed by a request sent at `sent` whose reply said it has
     /// `remaining` (at most `ttl`) left on the server.
     pub fn new(
-        name: String,
+        name: Arc<str>,
         sent: Instant,
         ttl: Duration,
         remaining: Duration,
@@ -119,13 +124,14 @@ impl LeaseShared {
         // Treat a lease with less than its full TTL left (a retried acquire) as one
         // that started earlier, so its first renewal comes early enough.
         let started = sent.checked_sub(ttl - remaining).unwrap_or(sent);
-        let (state, _) = watch::channel(LeaseState {
+        let state = std::sync::Mutex::new(LeaseState {
             valid_until: sent + remaining.saturating_sub(drift(ttl)),
             ended: None,
         });
         Arc::new(LeaseShared {
             name,
             state,
+            changed: Notify::new(),
             ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
             epoch: AtomicU64::new(0),
             renew,
@@ -160,12 +166,16 @@ impl LeaseShared {
         self.epoch.fetch_add(1, Ordering::AcqRel) + 1
     }
 
+    fn state(&self) -> LeaseState {
+        *self.state.lock().expect("lease lock")
+    }
+
     pub fn valid_until(&self) -> Instant {
-        self.state.borrow().valid_until
+        self.state().valid_until
     }
 
     pub fn ended(&self) -> Option<LostReason> {
-        self.state.borrow().ended
+        self.state().ended
     }
 
     /// When the next renewal is due.
@@ -176,25 +186,28 @@ impl LeaseShared {
     /// Records that a request sent at `sent` confirmed the lease for `ttl` more.
     pub fn confirm(&self, sent: Instant, ttl: Duration) {
         *self.confirmed_at.lock().expect("lease lock") = sent;
-        self.state.send_if_modified(|s| {
-            if s.ended.is_some() {
-                return false;
+        {
+            let mut state = self.state.lock().expect("lease lock");
+            if state.ended.is_some() {
+                return;
             }
-            s.valid_until = sent + ttl.saturating_sub(drift(ttl));
-            true
-        });
+            state.valid_until = sent + ttl.saturating_sub(drift(ttl));
+        }
+        self.changed.notify_waiters();
     }
 
     /// Ends the lease; the first reason wins. Returns whether this call ended it.
     pub fn end(&self, reason: LostReason) -> bool {
-        let ended = self.state.send_if_modified(|s| {
-            if s.ended.is_some() {
-                return false;
+        let ended = {
+            let mut state = self.state.lock().expect("lease lock");
+            let first = state.ended.is_none();
+            if first {
+                state.ended = Some(reason);
             }
-            s.ended = Some(reason);
-            true
-        });
+            first
+        };
         if ended {
+            self.changed.notify_waiters();
             self.bump_epoch();
             match reason {
                 LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
@@ -252,21 +265,20 @@ impl Lease {
     ///
     /// Cancel safe: dropping the future changes nothing.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.shared.state.subscribe();
+        let shared = &self.shared;
         loop {
-            let state = *rx.borrow_and_update();
+            let changed = shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let state = shared.state();
             if let Some(reason) = state.ended {
                 return reason;
             }
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return LostReason::Released;
-                    }
-                }
+                _ = changed => {}
                 _ = tokio::time::sleep_until(state.valid_until) => {
-                    if rx.borrow().valid_until <= Instant::now() {
-                        self.shared.end(LostReason::Expired);
+                    if shared.valid_until() <= Instant::now() {
+                        shared.end(LostReason::Expired);
                     }
                 }
             }

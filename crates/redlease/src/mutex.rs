@@ -43,12 +43,19 @@ pub struct Mutex {
 #[derive(Debug)]
 struct MutexShared {
     client: Arc<ClientInner>,
-    name: String,
-    keys: LockKeys,
-    meta: String,
-    channel: String,
+    name: Arc<str>,
+    /// `[lock key, meta key]`, shared by every script call of this mutex.
+    keys: Arc<[Arc<str>]>,
+    channel: Arc<str>,
     options: LeaseOptions,
-    ttl_ms: u64,
+    /// The TTL in milliseconds, as the script argument.
+    ttl_arg: Arc<str>,
+}
+
+impl MutexShared {
+    fn key(&self) -> &str {
+        &self.keys[0]
+    }
 }
 
 /// What [`Mutex::status`] reports. Never contains the token.
@@ -79,13 +86,12 @@ impl Mutex {
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         Ok(Mutex {
             shared: Arc::new(MutexShared {
-                meta: keys.aux("meta"),
-                channel: keys.aux("wake"),
-                keys,
-                name: name.to_owned(),
+                channel: keys.aux("wake").into(),
+                keys: Arc::new([keys.key.as_str().into(), keys.aux("meta").into()]),
+                name: name.into(),
                 client,
                 options,
-                ttl_ms,
+                ttl_arg: ttl_ms.to_string().into(),
             }),
         })
     }
@@ -97,7 +103,7 @@ impl Mutex {
 
     /// The Redis key of the lock: `<prefix><name>`.
     pub fn key(&self) -> &str {
-        &self.shared.keys.key
+        self.shared.key()
     }
 
     /// The lease options of this lock.
@@ -159,13 +165,14 @@ impl Mutex {
         let s = &*self.shared;
         let token = Token::generate();
         let cmd = MUTEX_ACQUIRE.evalsha(
-            &[&s.keys.key, &s.meta],
+            &s.keys,
             &[
                 token.expose(),
-                &s.ttl_ms.to_string(),
+                &s.ttl_arg,
                 &s.client.label,
-                &s.client.retention_ms.to_string(),
+                &s.client.retention_arg,
             ],
+            None,
         );
         let pending = Pending::new(
             s.client.clone(),
@@ -187,7 +194,7 @@ impl Mutex {
             let reply = eval_retrying(
                 &s.client,
                 &s.name,
-                &s.keys.key,
+                s.key(),
                 "acquire",
                 &MUTEX_ACQUIRE,
                 cmd_ref,
@@ -201,6 +208,13 @@ impl Mutex {
                     pending_ref.answered_no();
                 }
             })?;
+            if let Some(fence) = int(&reply) {
+                // The common case: acquired now, for the full TTL.
+                return Ok(Attempt::Acquired((
+                    fence as u64,
+                    self.new_lease(token_ref, sent, s.options.ttl),
+                )));
+            }
             match array(&reply).unwrap_or_default() {
                 [flag, fence, pttl] if int(flag) == Some(1) => {
                     let fence = int(fence).ok_or_else(|| bad_reply(s, "acquire"))? as u64;
@@ -232,11 +246,11 @@ impl Mutex {
 
     fn new_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
         let s = &*self.shared;
-        let renew = ScriptCall {
-            script: &MUTEX_EXTEND,
-            keys: vec![s.keys.key.clone(), s.meta.clone()],
-            args: vec![token.expose().to_owned(), s.client.retention_ms.to_string()],
-        };
+        let renew = ScriptCall::new(
+            &MUTEX_EXTEND,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.client.retention_arg.clone()]),
+        );
         let shared = LeaseShared::new(
             s.name.clone(),
             sent,
@@ -254,16 +268,11 @@ impl Mutex {
 
     fn release_call(&self, token: &Token) -> ScriptCall {
         let s = &*self.shared;
-        ScriptCall {
-            script: &MUTEX_RELEASE,
-            keys: vec![s.keys.key.clone(), s.meta.clone()],
-            args: vec![
-                token.expose().to_owned(),
-                s.channel.clone(),
-                s.client.publish.to_owned(),
-                s.client.retention_ms.to_string(),
-            ],
-        }
+        ScriptCall::new(
+            &MUTEX_RELEASE,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.channel.clone(), s.client.publish.clone()]),
+        )
     }
 
     /// Releases the lock held by `token` (for example a token printed by
@@ -283,7 +292,7 @@ impl Mutex {
         let reply = eval_retrying(
             &s.client,
             &s.name,
-            &s.keys.key,
+            s.key(),
             "release",
             call.script,
             &call.cmd(),
@@ -293,7 +302,9 @@ impl Mutex {
         .await?;
         match int(&reply) {
             Some(1) => Ok(()),
-            _ => Err(Error::NotHeld { name: s.name.clone() }),
+            _ => Err(Error::NotHeld {
+                name: s.name.to_string(),
+            }),
         }
     }
 
@@ -310,18 +321,11 @@ impl Mutex {
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
-        let cmd = MUTEX_EXTEND.evalsha(
-            &[&s.keys.key, &s.meta],
-            &[
-                token.expose(),
-                &s.client.retention_ms.to_string(),
-                &ttl_ms.to_string(),
-            ],
-        );
+        let cmd = MUTEX_EXTEND.evalsha(&s.keys, &[token.expose(), &s.client.retention_arg], Some(ttl_ms));
         let reply = eval_retrying(
             &s.client,
             &s.name,
-            &s.keys.key,
+            s.key(),
             "extend",
             &MUTEX_EXTEND,
             &cmd,
@@ -331,7 +335,9 @@ impl Mutex {
         .await?;
         match int(&reply) {
             Some(1) => Ok(()),
-            _ => Err(Error::NotHeld { name: s.name.clone() }),
+            _ => Err(Error::NotHeld {
+                name: s.name.to_string(),
+            }),
         }
     }
 
@@ -344,14 +350,14 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let cmd = MUTEX_STATUS.evalsha(&[&s.keys.key, &s.meta], &[] as &[&str]);
+        let cmd = MUTEX_STATUS.evalsha(&s.keys, &[] as &[&str], None);
         let mut numsub = redis::cmd("PUBSUB");
-        numsub.arg("NUMSUB").arg(&s.channel);
+        numsub.arg("NUMSUB").arg(&*s.channel);
         let (reply, waiters) = tokio::join!(
             eval_retrying(
                 &s.client,
                 &s.name,
-                &s.keys.key,
+                s.key(),
                 "status",
                 &MUTEX_STATUS,
                 &cmd,
@@ -391,7 +397,7 @@ fn ms(v: Option<i64>) -> Option<Duration> {
 
 fn bad_reply(s: &MutexShared, op: &'static str) -> Error {
     Error::Redis {
-        name: s.name.clone(),
+        name: s.name.to_string(),
         op,
         source: redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected script reply")),
     }
@@ -489,21 +495,20 @@ impl MutexGuard {
         let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
         if let Some(reason) = self.lease.lost_reason() {
             tracing::debug!(lock = %s.name, %reason, "extend after the lease ended");
-            return Err(Error::NotHeld { name: s.name.clone() });
+            return Err(Error::NotHeld {
+                name: s.name.to_string(),
+            });
         }
         let cmd = MUTEX_EXTEND.evalsha(
-            &[&s.keys.key, &s.meta],
-            &[
-                self.token().expose(),
-                &s.client.retention_ms.to_string(),
-                &ttl_ms.to_string(),
-            ],
+            &s.keys,
+            &[self.token().expose(), &s.client.retention_arg],
+            Some(ttl_ms),
         );
         let sent = Instant::now();
         let reply = eval_retrying(
             &s.client,
             &s.name,
-            &s.keys.key,
+            s.key(),
             "extend",
             &MUTEX_EXTEND,
             &cmd,
@@ -513,7 +518,9 @@ impl MutexGuard {
         .await?;
         if int(&reply) != Some(1) {
             self.lease.shared.end(LostReason::Gone);
-            return Err(Error::NotHeld { name: s.name.clone() });
+            return Err(Error::NotHeld {
+                name: s.name.to_string(),
+            });
         }
         let shared = &self.lease.shared;
         shared.set_ttl(ttl);
@@ -541,30 +548,38 @@ impl MutexGuard {
             .take()
             .expect("token present until the guard is consumed");
         let shared = self.lease.shared.clone();
+        let valid_until = shared.valid_until();
         shared.end(LostReason::Released);
         let s = self.mutex.shared.clone();
         let call = shared.release.clone();
         // Until Redis answers, a cancelled or failed release must still happen.
         let pending = Pending::new(s.client.clone(), &s.name, call.clone(), shared.ttl());
         pending.arm();
+        let sent = Instant::now();
         let reply = eval_retrying(
             &s.client,
             &s.name,
-            &s.keys.key,
+            s.key(),
             "release",
             call.script,
             &call.cmd(),
             None,
-            None,
+            Some(&pending),
         )
         .await?;
+        let doubted = pending.doubted();
         pending.disarm();
         match int(&reply) {
             Some(1) => {
                 tracing::debug!(lock = %s.name, fence = %self.fence, "lock released");
                 Ok(())
             }
-            _ => Err(Error::NotHeld { name: s.name.clone() }),
+            // Free, and we were its last holder: if an earlier attempt of this release
+            // may have landed while the lease was still valid, that attempt released it.
+            Some(-1) if doubted && sent < valid_until => Ok(()),
+            _ => Err(Error::NotHeld {
+                name: s.name.to_string(),
+            }),
         }
     }
 

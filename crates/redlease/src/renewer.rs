@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use crate::conn::{CommandConnection, eval_many};
@@ -31,46 +33,103 @@ struct Entry {
     epoch: u64,
 }
 
+type Scheduled = (Arc<LeaseShared>, Instant, u64);
+
+/// What leases hand to the renewal task.
+#[derive(Debug)]
+struct Inbox {
+    /// Newly scheduled leases, drained by the task when it wakes.
+    pending: std::sync::Mutex<Vec<Scheduled>>,
+    /// When the task will wake next, in nanoseconds after `base` (`u64::MAX`: never).
+    /// A lease due later than this does not need to wake the task.
+    wake_at: AtomicU64,
+    base: Instant,
+    notify: Notify,
+}
+
 /// Handle to the renewal task; the task stops when the last handle is dropped.
 #[derive(Clone, Debug)]
 pub(crate) struct Renewer {
-    tx: mpsc::UnboundedSender<(Arc<LeaseShared>, Instant, u64)>,
+    inbox: Arc<Inbox>,
+    _alive: Arc<mpsc::Sender<()>>,
 }
 
 impl Renewer {
     pub fn spawn(conn: Arc<dyn CommandConnection>) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, rx));
-        Renewer { tx }
+        let (alive, closed) = mpsc::channel(1);
+        let inbox = Arc::new(Inbox {
+            pending: std::sync::Mutex::new(Vec::new()),
+            wake_at: AtomicU64::new(u64::MAX),
+            base: Instant::now(),
+            notify: Notify::new(),
+        });
+        tokio::spawn(run(conn, inbox.clone(), closed));
+        Renewer {
+            inbox,
+            _alive: Arc::new(alive),
+        }
     }
 
     /// (Re)schedules `lease` to be renewed at its next due time; an earlier schedule of
     /// the same lease is dropped.
     pub fn schedule(&self, lease: &Arc<LeaseShared>) {
         let epoch = lease.bump_epoch();
-        let _ = self.tx.send((lease.clone(), lease.next_renewal(), epoch));
+        let due = lease.next_renewal();
+        self.inbox
+            .pending
+            .lock()
+            .expect("renewer lock")
+            .push((lease.clone(), due, epoch));
+        // Wake the task only if this lease is due before it would wake anyway.
+        if nanos_after(self.inbox.base, due) < self.inbox.wake_at.load(Ordering::SeqCst) {
+            self.inbox.notify.notify_one();
+        }
     }
 }
 
-async fn run(
-    conn: Arc<dyn CommandConnection>,
-    mut rx: mpsc::UnboundedReceiver<(Arc<LeaseShared>, Instant, u64)>,
-) {
+fn nanos_after(base: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(base)
+        .as_nanos()
+        .min(u128::from(u64::MAX - 1)) as u64
+}
+
+async fn run(conn: Arc<dyn CommandConnection>, inbox: Arc<Inbox>, mut closed: mpsc::Receiver<()>) {
     let mut queue: BTreeMap<(Instant, u64), Entry> = BTreeMap::new();
     let mut seq: u64 = 0;
-    let mut push =
-        |queue: &mut BTreeMap<(Instant, u64), Entry>, lease: Arc<LeaseShared>, due: Instant, epoch: u64| {
-            seq += 1;
-            queue.insert((due, seq), Entry { lease, epoch });
-        };
+    let mut push = |queue: &mut BTreeMap<(Instant, u64), Entry>, (lease, due, epoch): Scheduled| {
+        seq += 1;
+        queue.insert((due, seq), Entry { lease, epoch });
+    };
+    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let sleep = tokio::time::sleep_until(far);
+    tokio::pin!(sleep);
     loop {
-        let next = queue.first_key_value().map(|((due, _), _)| *due);
+        // Drain new leases; publish when we will wake; drain again in case a lease was
+        // added before the new wake time was visible to it.
+        loop {
+            let drained = std::mem::take(&mut *inbox.pending.lock().expect("renewer lock"));
+            let was_empty = drained.is_empty();
+            for scheduled in drained {
+                push(&mut queue, scheduled);
+            }
+            let next = queue.first_key_value().map(|((due, _), _)| *due);
+            inbox.wake_at.store(
+                next.map_or(u64::MAX, |t| nanos_after(inbox.base, t)),
+                Ordering::SeqCst,
+            );
+            if was_empty && inbox.pending.lock().expect("renewer lock").is_empty() {
+                let target = next.unwrap_or(far);
+                if sleep.deadline() != target {
+                    sleep.as_mut().reset(target);
+                }
+                break;
+            }
+        }
         tokio::select! {
-            msg = rx.recv() => match msg {
-                Some((lease, due, epoch)) => push(&mut queue, lease, due, epoch),
-                None => return,
-            },
-            _ = async { tokio::time::sleep_until(next.expect("guarded")).await }, if next.is_some() => {
+            _ = inbox.notify.notified() => {}
+            _ = closed.recv() => return,
+            _ = &mut sleep => {
+                sleep.as_mut().reset(far);
                 let batch = take_due(&mut queue);
                 if batch.is_empty() {
                     continue;
@@ -78,7 +137,7 @@ async fn run(
                 for (lease, due, epoch) in renew(&*conn, batch).await {
                     // An extend() may have rescheduled the lease while it was renewed.
                     if lease.epoch() == epoch {
-                        push(&mut queue, lease, due, epoch);
+                        push(&mut queue, (lease, due, epoch));
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! Lock tokens (secret, random) and fencing tokens (public, rising).
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The secret that proves ownership of one acquisition: 128 bits from the operating
 /// system's CSPRNG, fresh for every acquisition, stored as the lock key's value.
@@ -9,7 +10,7 @@ use std::fmt;
 /// `Debug`, has no `Display`, and is never logged. Use [`expose`](Token::expose) to
 /// hand it to another process deliberately (the CLI's `acquire` prints it).
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(String);
+pub struct Token(Arc<str>);
 
 impl Token {
     /// A fresh random token (32 lowercase hex digits).
@@ -26,7 +27,7 @@ impl Token {
             s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
             s.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
         }
-        Token(s)
+        Token(s.into())
     }
 
     /// Wraps a token received from elsewhere (for example from `redlease acquire`).
@@ -34,12 +35,17 @@ impl Token {
     /// Returns `None` for an empty string or one longer than 512 bytes.
     pub fn from_secret(secret: impl Into<String>) -> Option<Self> {
         let s = secret.into();
-        (!s.is_empty() && s.len() <= 512).then_some(Token(s))
+        (!s.is_empty() && s.len() <= 512).then(|| Token(s.into()))
     }
 
     /// The secret itself. Handle with care: it releases the lock.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    /// The secret as a shared string, for script arguments.
+    pub(crate) fn shared(&self) -> Arc<str> {
+        self.0.clone()
     }
 }
 

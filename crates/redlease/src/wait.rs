@@ -67,7 +67,7 @@ pub(crate) async fn eval_retrying(
 #[derive(Debug)]
 pub(crate) struct Pending {
     client: Arc<ClientInner>,
-    name: String,
+    name: Arc<str>,
     release: Option<ScriptCall>,
     ttl: Duration,
     /// A request is on its way, or one's outcome is unknown.
@@ -77,10 +77,10 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    pub fn new(client: Arc<ClientInner>, name: &str, release: ScriptCall, ttl: Duration) -> Self {
+    pub fn new(client: Arc<ClientInner>, name: &Arc<str>, release: ScriptCall, ttl: Duration) -> Self {
         Pending {
             client,
-            name: name.to_owned(),
+            name: name.clone(),
             release: Some(release),
             ttl,
             armed: AtomicBool::new(false),
@@ -98,6 +98,11 @@ impl Pending {
     pub fn answered_no(&self) {
         let doubted = self.doubted.load(Ordering::Relaxed);
         self.armed.store(doubted, Ordering::Relaxed);
+    }
+
+    /// Whether some request failed after it may have reached Redis.
+    pub fn doubted(&self) -> bool {
+        self.doubted.load(Ordering::Relaxed)
     }
 
     /// The acquisition succeeded (or was definitely refused); nothing to clean up.
@@ -120,7 +125,7 @@ impl Drop for Pending {
 /// Runs `call` (a compare-and-delete) in the background until Redis gives a definite
 /// answer or the lease would have expired anyway. Does nothing outside a runtime; the
 /// TTL then frees the lock.
-pub(crate) fn spawn_release(client: Arc<ClientInner>, name: String, call: ScriptCall, ttl: Duration) {
+pub(crate) fn spawn_release(client: Arc<ClientInner>, name: Arc<str>, call: ScriptCall, ttl: Duration) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(lock = %name, "no runtime to release in; the lease will expire");
         return;

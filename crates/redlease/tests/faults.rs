@@ -206,7 +206,7 @@ async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
     let err = mutex.status().await.unwrap_err();
     assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
     // The metadata key of a different type is caught before any write, too.
-    let _: () = redis::cmd("SET")
+    let _: () = redis::cmd("RPUSH")
         .arg("{redlease:metaless}:meta")
         .arg("x")
         .query_async(&mut conn)
@@ -220,6 +220,24 @@ async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
     );
     let keys = all_keys(&mut conn).await;
     assert_eq!(keys.len(), 2, "nothing else was written: {keys:?}");
+
+    // Garbled metadata of the right type is replaced: the fence is reseeded from TIME.
+    let _: () = redis::cmd("SET")
+        .arg("{redlease:garbled}:meta")
+        .arg("not metadata")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let guard = client.mutex("garbled").unwrap().try_lock().await.unwrap();
+    assert!(
+        guard.fence().get() > 1_700_000_000_000_000,
+        "fence from server time: {}",
+        guard.fence()
+    );
+    let meta = get(&mut conn, "{redlease:garbled}:meta").await.unwrap();
+    assert!(meta.starts_with(&format!("{} ", guard.fence())), "{meta}");
+    assert!(!meta.contains("not metadata"));
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,10 +78,9 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
         }
         if i == 600 {
             // Replace it with a stale, lower mark (as a restore from an old snapshot would).
-            let _: () = redis::cmd("HSET")
+            let _: () = redis::cmd("SET")
                 .arg("{redlease:fenced}:meta")
-                .arg("fence")
-                .arg(5)
+                .arg("5 0 stale-token old-host:1")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -120,7 +119,8 @@ async fn key_layout_is_plain_and_nothing_lives_forever() {
     guard.release().await.unwrap();
     let keys = all_keys(&mut conn).await;
     assert_eq!(keys.len(), 1, "only the metadata stays after release: {keys:?}");
-    assert!(keys[0].1 > 0 && keys[0].1 <= 60_000, "metadata ttl {keys:?}");
+    // The metadata (fencing mark) lives for the lease plus the 60 s retention.
+    assert!(keys[0].1 > 60_000 && keys[0].1 <= 90_000, "metadata ttl {keys:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

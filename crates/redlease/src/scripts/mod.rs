@@ -21,15 +21,23 @@ impl LuaScript {
         LuaScript { name, code, sha }
     }
 
-    /// `EVALSHA <sha> <numkeys> keys... args...`
-    pub fn evalsha<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(&self, keys: &[K], args: &[A]) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.sha).arg(keys.len());
+    /// `EVALSHA <sha> <numkeys> keys... args... [ttl_ms]`, sized up front so building
+    /// it allocates once.
+    pub fn evalsha<K: AsRef<str>, A: AsRef<str>>(&self, keys: &[K], args: &[A], ttl_ms: Option<u64>) -> Cmd {
+        let bytes = self.sha.len()
+            + keys.iter().map(|k| k.as_ref().len()).sum::<usize>()
+            + args.iter().map(|a| a.as_ref().len()).sum::<usize>()
+            + 32;
+        let mut cmd = Cmd::with_capacity(4 + keys.len() + args.len(), bytes);
+        cmd.arg("EVALSHA").arg(&self.sha).arg(keys.len());
         for k in keys {
-            cmd.arg(k);
+            cmd.arg(k.as_ref());
         }
         for a in args {
-            cmd.arg(a);
+            cmd.arg(a.as_ref());
+        }
+        if let Some(ttl) = ttl_ms {
+            cmd.arg(ttl);
         }
         cmd
     }
@@ -60,6 +68,7 @@ macro_rules! script {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[include_str!(concat!($file, ".lua"))]));
     };
+    // Scripts that use the metadata helpers of fence.lua get it prepended.
     ($static:ident, $file:literal, fenced) => {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
@@ -68,8 +77,8 @@ macro_rules! script {
 
 script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
 script!(MUTEX_EXTEND, "mutex_extend");
-script!(MUTEX_RELEASE, "mutex_release");
-script!(MUTEX_STATUS, "mutex_status");
+script!(MUTEX_RELEASE, "mutex_release", fenced);
+script!(MUTEX_STATUS, "mutex_status", fenced);
 
 /// Every script, for preloading.
 pub(crate) fn all() -> [&'static LuaScript; 4] {

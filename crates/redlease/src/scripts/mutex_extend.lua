@@ -3,7 +3,7 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  meta key
 -- ARGV[1]  token         the holder's token
--- ARGV[2]  retention_ms  how long the meta hash outlives the lease
+-- ARGV[2]  retention_ms  how long the metadata outlives the lease
 -- ARGV[3]  ttl_ms        new remaining lease length, from now (always the last argument)
 --
 -- Reply: 1  the token holds the lock; its TTL is now ttl_ms

@@ -2,26 +2,26 @@
 --
 -- KEYS[1]  lock key
 -- KEYS[2]  meta key
--- ARGV[1]  token         the holder's token
--- ARGV[2]  channel       wake-up channel of this lock
--- ARGV[3]  publish       'PUBLISH' (standalone) or 'SPUBLISH' (cluster)
--- ARGV[4]  retention_ms  how long the meta hash outlives the release
+-- ARGV[1]  token     the holder's token
+-- ARGV[2]  channel   wake-up channel of this lock
+-- ARGV[3]  publish   'PUBLISH' (standalone) or 'SPUBLISH' (cluster)
 --
--- Reply: 1  released by this call, or by an earlier attempt of the same release whose
---           reply was lost (the meta hash remembers the token as released)
---        0  the token does not hold the lock; nothing was changed
+-- Reply:  1  released by this call
+--         0  the lock is held by another token; nothing was changed
+--        -1  the lock is free and this token was its last holder: an earlier attempt
+--            of this release succeeded (its reply was lost), or the lease expired
+--        -2  the lock is free and this token was not its last holder
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[2], 'released', '1')
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
   redis.call(ARGV[3], ARGV[2], '1')
   return 1
 end
-if not current then
-  local meta = redis.call('HMGET', KEYS[2], 'token', 'released')
-  if meta[1] == ARGV[1] and meta[2] then
-    return 1
-  end
+if current then
+  return 0
 end
-return 0
+local _, _, token = parse_meta(redis.call('GET', KEYS[2]))
+if token == ARGV[1] then
+  return -1
+end
+return -2

@@ -11,12 +11,13 @@
 --   since_ms    server time (ms) of the acquisition, or false when unknown
 --   last_fence  the highest fencing token issued for this lock, or false
 local current = redis.call('GET', KEYS[1])
-local meta = redis.call('HMGET', KEYS[2], 'token', 'label', 'fence', 'since_ms', 'released')
+local fence, since, token, label = parse_meta(redis.call('GET', KEYS[2]))
+local last = fence and string.format('%.0f', fence) or false
 if not current then
-  return {0, -2, false, false, false, meta[3]}
+  return {0, -2, false, false, false, last}
 end
 local pttl = redis.call('PTTL', KEYS[1])
-if meta[1] == current and not meta[5] then
-  return {1, pttl, meta[2], meta[3], meta[4], meta[3]}
+if token == current then
+  return {1, pttl, label, last, since, last}
 end
-return {1, pttl, false, false, false, meta[3]}
+return {1, pttl, false, false, false, last}
