@@ -96,6 +96,54 @@ pub enum Error {
         source: RedisError,
     },
 
+    /// An optimistic transaction found a watched key changed on every attempt, up to
+    /// its attempt bound or deadline. Nothing of it was written.
+    #[error(
+        "optimistic transaction on {keys:?} gave up after {attempts} attempts in {elapsed:?}: the watched keys kept changing"
+    )]
+    TooMuchContention {
+        /// The watched keys.
+        keys: Vec<String>,
+        /// How many times the transaction ran (each ended in a null `EXEC`).
+        attempts: u32,
+        /// Time from the first attempt until giving up.
+        elapsed: Duration,
+    },
+
+    /// Redis refused a command of an optimistic transaction while queueing it — wrong
+    /// number of arguments, unknown command, out of memory — and aborted `EXEC`
+    /// (`EXECABORT`). Nothing of the transaction was written.
+    #[error(
+        "redis refused command {index} ({command}) of the transaction on {keys:?}, so nothing was written: {message}"
+    )]
+    TransactionRejected {
+        /// The watched keys.
+        keys: Vec<String>,
+        /// Position of the first refused command in the returned pipeline (from 0).
+        index: usize,
+        /// Its name, such as `SET`.
+        command: String,
+        /// Redis's error message.
+        message: String,
+    },
+
+    /// An optimistic transaction ran, but some of its commands failed when `EXEC` ran
+    /// them — `INCR` on a list, say. Redis does not roll back: every other command of the
+    /// transaction took effect.
+    #[error(
+        "{} of {} commands of the transaction on {keys:?} failed when it ran, and the others took effect (redis does not roll back){}",
+        .failed.len(), .replies.len(), first_failure(.failed)
+    )]
+    TransactionPartlyFailed {
+        /// The watched keys.
+        keys: Vec<String>,
+        /// Position (from 0) and error message of each failed command; never empty.
+        failed: Vec<(usize, String)>,
+        /// Every reply of `EXEC`, one per queued command; failed ones are
+        /// [`Value::ServerError`](redis::Value::ServerError).
+        replies: Vec<redis::Value>,
+    },
+
     /// The client could not be set up.
     #[error("cannot set up redlease: {reason}")]
     Config {
@@ -116,6 +164,11 @@ impl Error {
     /// A waiting acquire gave up at its deadline.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. })
+    }
+
+    /// An optimistic transaction gave up because its watched keys kept changing.
+    pub fn is_too_much_contention(&self) -> bool {
+        matches!(self, Error::TooMuchContention { .. })
     }
 
     /// The token no longer holds the lock.
@@ -154,7 +207,10 @@ impl Error {
             | Error::WrongType { name, .. }
             | Error::ReadOnly { name }
             | Error::Redis { name, .. } => Some(name),
-            Error::Config { .. } => None,
+            Error::Config { .. }
+            | Error::TooMuchContention { .. }
+            | Error::TransactionRejected { .. }
+            | Error::TransactionPartlyFailed { .. } => None,
         }
     }
 
@@ -181,6 +237,14 @@ impl Error {
             source,
         }
     }
+}
+
+/// `"; first: command <i>: <message>"`, or nothing when the list is empty.
+fn first_failure(failed: &[(usize, String)]) -> String {
+    failed
+        .first()
+        .map(|(i, message)| format!("; first: command {i}: {message}"))
+        .unwrap_or_default()
 }
 
 /// Whether a failed request may have been sent and may succeed if tried again: the

@@ -9,6 +9,8 @@
 //!   redis-py, node-redlock and redsync use.
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
+//! - [`optimistic`]: no lock at all — `WATCH`/`MULTI`/`EXEC` transactions with bounded
+//!   retry, and a server-side compare-and-set, with measurements of when each wins.
 //! - [`Error`]: one error type; messages name the lock.
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
@@ -72,6 +74,7 @@ mod keys;
 mod lease;
 mod mutex;
 mod notify;
+pub mod optimistic;
 mod renewer;
 mod scripts;
 mod token;

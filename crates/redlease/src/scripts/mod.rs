@@ -79,10 +79,11 @@ script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
 script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
+script!(CAS, "cas");
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static LuaScript; 4] {
-    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS]
+pub(crate) fn all() -> [&'static LuaScript; 5] {
+    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS, &CAS]
 }
 
 /// Loads every script into the server's cache in one round trip, so that the first
