@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::conn::CommandConnection;
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::legacy::{LegacyLock, LegacyOptions};
 use crate::mutex::Mutex;
 use crate::notify::{Notifier, PubSubConnector};
 use crate::renewer::Renewer;
@@ -157,6 +158,18 @@ impl Client {
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
         keys::ttl_ms(name, options.ttl)?;
         Mutex::new(self.inner.clone(), name, options)
+    }
+
+    /// A lock in the old `SETNX <unix time + timeout + 1>` format at key
+    /// `<prefix><name>`, shared with unmodified old clients. An interop mode with
+    /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::InvalidTtl`] (with seconds, the timeout must be
+    /// a whole number of seconds) or [`Error::InvalidArgument`] (a zero poll interval).
+    pub fn legacy_lock(&self, name: &str, options: LegacyOptions) -> Result<LegacyLock> {
+        LegacyLock::new(self.inner.clone(), name, options)
     }
 
     /// The key prefix.

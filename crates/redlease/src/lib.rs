@@ -11,6 +11,8 @@
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`optimistic`]: no lock at all — `WATCH`/`MULTI`/`EXEC` transactions with bounded
 //!   retry, and a server-side compare-and-set, with measurements of when each wins.
+//! - [`LegacyLock`]: an interop mode that takes part in old `SETNX`/`GETSET`
+//!   timestamp locks beside unmodified old clients (weaker guarantees; never the default).
 //! - [`Error`]: one error type; messages name the lock.
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
@@ -72,6 +74,7 @@ mod conn;
 mod error;
 mod keys;
 mod lease;
+mod legacy;
 mod mutex;
 mod notify;
 pub mod optimistic;
@@ -88,5 +91,6 @@ pub use conn::CommandConnection;
 pub use error::{Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
+pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use token::{FencingToken, Token};

@@ -62,6 +62,7 @@ impl std::fmt::Debug for LuaScript {
 }
 
 const FENCE: &str = include_str!("fence.lua");
+const LEGACY: &str = include_str!("legacy.lua");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -73,6 +74,11 @@ macro_rules! script {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
     };
+    // Scripts that share another prelude (e.g. legacy.lua) get it prepended.
+    ($static:ident, $file:literal, prelude $prelude:ident) => {
+        pub(crate) static $static: LazyLock<LuaScript> =
+            LazyLock::new(|| LuaScript::new($file, &[$prelude, include_str!(concat!($file, ".lua"))]));
+    };
 }
 
 script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
@@ -80,10 +86,22 @@ script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
 script!(CAS, "cas");
+script!(LEGACY_ACQUIRE, "legacy_acquire", prelude LEGACY);
+script!(LEGACY_RENEW, "legacy_renew", prelude LEGACY);
+script!(LEGACY_RELEASE, "legacy_release", prelude LEGACY);
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static LuaScript; 5] {
-    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS, &CAS]
+pub(crate) fn all() -> [&'static LuaScript; 8] {
+    [
+        &MUTEX_ACQUIRE,
+        &MUTEX_EXTEND,
+        &MUTEX_RELEASE,
+        &MUTEX_STATUS,
+        &CAS,
+        &LEGACY_ACQUIRE,
+        &LEGACY_RENEW,
+        &LEGACY_RELEASE,
+    ]
 }
 
 /// Loads every script into the server's cache in one round trip, so that the first
@@ -152,5 +170,12 @@ mod tests {
             MUTEX_ACQUIRE.code().starts_with("-- fence.lua"),
             "fenced scripts carry the prelude"
         );
+        for script in [&*LEGACY_ACQUIRE, &*LEGACY_RENEW, &*LEGACY_RELEASE] {
+            assert!(
+                script.code().starts_with("-- legacy.lua"),
+                "{} carries its prelude",
+                script.name
+            );
+        }
     }
 }
