@@ -181,6 +181,33 @@ impl Client {
     pub fn owner_label(&self) -> &str {
         &self.inner.label
     }
+
+    /// Counters of this client's background renewal work.
+    pub fn stats(&self) -> ClientStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = self.inner.renewer.counters();
+        ClientStats {
+            renewal_ticks: c.ticks.load(Relaxed),
+            renewal_round_trips: c.round_trips.load(Relaxed),
+            leases_renewed: c.renewed.load(Relaxed),
+            leases_lost_by_renewal: c.lost.load(Relaxed),
+        }
+    }
+}
+
+/// Counters of one client's background renewal work (see [`Client::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Renewal ticks run: each renews every lease due at that moment in one batch.
+    pub renewal_ticks: u64,
+    /// Round trips those ticks made: one per tick (per node on a cluster), plus the
+    /// reloads after a server forgot its scripts.
+    pub renewal_round_trips: u64,
+    /// Lease renewals that succeeded.
+    pub leases_renewed: u64,
+    /// Leases a renewal found gone, or could not confirm before they expired.
+    pub leases_lost_by_renewal: u64,
 }
 
 /// Configures a [`Client`].

@@ -59,11 +59,22 @@ pub(crate) async fn eval(conn: &dyn CommandConnection, script: &LuaScript, cmd: 
     }
 }
 
-/// Runs many script calls in one round trip and returns one result per call. Calls
-/// the server answered with NOSCRIPT are sent once more after loading their scripts.
+/// Runs many script calls in one round trip and returns one result per call, and how
+/// many round trips it took (1, or more when the server answered NOSCRIPT: those calls
+/// are sent once more after loading their scripts).
 pub(crate) async fn eval_many(
     conn: &dyn CommandConnection,
     calls: &[(&'static LuaScript, Cmd)],
+) -> (Vec<RedisResult<Value>>, u64) {
+    let mut round_trips = 0;
+    let results = eval_many_inner(conn, calls, &mut round_trips).await;
+    (results, round_trips)
+}
+
+async fn eval_many_inner(
+    conn: &dyn CommandConnection,
+    calls: &[(&'static LuaScript, Cmd)],
+    round_trips: &mut u64,
 ) -> Vec<RedisResult<Value>> {
     if calls.is_empty() {
         return Vec::new();
@@ -73,6 +84,7 @@ pub(crate) async fn eval_many(
     for (_, cmd) in calls {
         pipe.add_command(cmd.clone());
     }
+    *round_trips += 1;
     let mut results = match conn.send_pipeline(&pipe).await {
         Ok(results) if results.len() == calls.len() => results,
         Ok(results) => {
@@ -95,6 +107,7 @@ pub(crate) async fn eval_many(
     for &i in &missing {
         let script = calls[i].0;
         if !loaded.contains(&script.name) {
+            *round_trips += 1;
             if let Err(e) = conn.send(&script.load_cmd()).await {
                 for &j in &missing {
                     results[j] = Err(e.clone());
@@ -109,6 +122,7 @@ pub(crate) async fn eval_many(
     for &i in &missing {
         retry.add_command(calls[i].1.clone());
     }
+    *round_trips += 1;
     match conn.send_pipeline(&retry).await {
         Ok(again) if again.len() == missing.len() => {
             for (i, r) in missing.into_iter().zip(again) {

@@ -84,8 +84,8 @@ mod token;
 mod wait;
 
 pub use client::{
-    Client, ClientBuilder, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW,
-    DEFAULT_TTL, LeaseOptions,
+    Client, ClientBuilder, ClientStats, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION,
+    DEFAULT_RETRY_WINDOW, DEFAULT_TTL, LeaseOptions,
 };
 pub use conn::CommandConnection;
 pub use error::{Error, Result};

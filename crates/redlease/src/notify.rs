@@ -6,19 +6,22 @@
 //! waiters on one name share one subscription. A message carries how many waiters it
 //! may let in (`1`, a number, or `*` for all); that many local waiters are woken.
 //!
-//! Waiting never depends on a message alone. Each channel has a generation counter that
-//! every message bumps: a waiter whose attempt raced a message retries at once. If the
-//! pub/sub connection drops, every waiter is woken (a message may have been missed)
-//! while the connection is rebuilt. And every wait is bounded by the holder's remaining
-//! TTL, so a wake-up that never comes costs at most that.
+//! Wake-ups are counted, not broadcast: a message that frees `n` places hands out `n`
+//! wake permits, capped at the number of local waiters, and each permit lets exactly one
+//! waiter try again. A permit that arrives while every waiter is busy with an attempt is
+//! kept for the next one to park, so none is lost — and waiters that were not woken do
+//! not retry, so contention does not turn into polling. If the pub/sub connection drops,
+//! every waiter gets a permit (a message may have been missed) while the connection is
+//! rebuilt. And every wait is bounded by the holder's remaining TTL, so a wake-up that
+//! never comes costs at most that.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, watch};
 
 /// How long a subscribe or ping may take before the connection is considered broken.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -28,8 +31,8 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 /// One channel's local waiters.
 #[derive(Debug)]
 pub(crate) struct Channel {
-    notify: Notify,
-    generation: AtomicU64,
+    /// Wake permits: each lets one waiter try again.
+    permits: Semaphore,
     /// Local waiters subscribed; changed only under the registry lock.
     waiters: AtomicUsize,
     subscribed: watch::Sender<bool>,
@@ -38,25 +41,24 @@ pub(crate) struct Channel {
 impl Channel {
     fn new() -> Self {
         Channel {
-            notify: Notify::new(),
-            generation: AtomicU64::new(0),
+            permits: Semaphore::new(0),
             waiters: AtomicUsize::new(0),
             subscribed: watch::channel(false).0,
         }
     }
 
+    /// Hands out up to `count` wake permits, never more than there are local waiters.
     fn wake(&self, count: usize) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        for _ in 0..count.max(1) {
-            self.notify.notify_one();
+        let waiters = self.waiters.load(Ordering::Relaxed);
+        let deficit = waiters.saturating_sub(self.permits.available_permits());
+        let n = count.max(1).min(deficit);
+        if n > 0 {
+            self.permits.add_permits(n);
         }
     }
 
     fn wake_all(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.notify.notify_waiters();
-        // A waiter between its attempt and its wait gets the stored permit.
-        self.notify.notify_one();
+        self.wake(usize::MAX);
     }
 }
 
@@ -133,20 +135,19 @@ impl Subscription {
         )
     }
 
-    /// The number of wake-ups seen so far; compare before and after an attempt.
-    pub fn generation(&self) -> u64 {
-        self.state.generation.load(Ordering::Acquire)
-    }
-
-    /// The future a waiter awaits; `enable()` it before checking the generation.
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.state.notify.notified()
+    /// Waits for a wake permit, and consumes it.
+    ///
+    /// Cancel safe: a permit is only consumed when this completes.
+    pub async fn woken(&self) {
+        if let Ok(permit) = self.state.permits.acquire().await {
+            permit.forget();
+        }
     }
 
     /// Passes a consumed wake-up on to another local waiter (used by a waiter that was
     /// woken but gives up without trying).
     pub fn pass_on(&self) {
-        self.state.notify.notify_one();
+        self.state.wake(1);
     }
 
     /// A wake-up this waiter consumed and still owes an attempt for: if it is dropped
@@ -170,7 +171,7 @@ impl WakeDebt {
 impl Drop for WakeDebt {
     fn drop(&mut self) {
         if let Some(ch) = self.0.take() {
-            ch.notify.notify_one();
+            ch.wake(1);
         }
     }
 }
@@ -310,7 +311,7 @@ async fn serve(
                     ch.wake_all();
                 } else {
                     let n = std::str::from_utf8(payload).ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
-                    ch.wake(n.min(ch.waiters.load(Ordering::Relaxed).max(1)));
+                    ch.wake(n);
                 }
             }
             _ = ping.tick() => {

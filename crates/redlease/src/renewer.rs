@@ -35,6 +35,15 @@ struct Entry {
 
 type Scheduled = (Arc<LeaseShared>, Instant, u64);
 
+/// Counters of one client's renewal work.
+#[derive(Debug, Default)]
+pub(crate) struct RenewalCounters {
+    pub ticks: AtomicU64,
+    pub round_trips: AtomicU64,
+    pub renewed: AtomicU64,
+    pub lost: AtomicU64,
+}
+
 /// What leases hand to the renewal task.
 #[derive(Debug)]
 struct Inbox {
@@ -45,6 +54,7 @@ struct Inbox {
     wake_at: AtomicU64,
     base: Instant,
     notify: Notify,
+    counters: RenewalCounters,
 }
 
 /// Handle to the renewal task; the task stops when the last handle is dropped.
@@ -62,12 +72,18 @@ impl Renewer {
             wake_at: AtomicU64::new(u64::MAX),
             base: Instant::now(),
             notify: Notify::new(),
+            counters: RenewalCounters::default(),
         });
         tokio::spawn(run(conn, inbox.clone(), closed));
         Renewer {
             inbox,
             _alive: Arc::new(alive),
         }
+    }
+
+    /// The renewal counters.
+    pub fn counters(&self) -> &RenewalCounters {
+        &self.inbox.counters
     }
 
     /// (Re)schedules `lease` to be renewed at its next due time; an earlier schedule of
@@ -134,7 +150,7 @@ async fn run(conn: Arc<dyn CommandConnection>, inbox: Arc<Inbox>, mut closed: mp
                 if batch.is_empty() {
                     continue;
                 }
-                for (lease, due, epoch) in renew(&*conn, batch).await {
+                for (lease, due, epoch) in renew(&*conn, batch, &inbox.counters).await {
                     // An extend() may have rescheduled the lease while it was renewed.
                     if lease.epoch() == epoch {
                         push(&mut queue, (lease, due, epoch));
@@ -171,6 +187,7 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared
 async fn renew(
     conn: &dyn CommandConnection,
     batch: Vec<(Arc<LeaseShared>, u64)>,
+    counters: &RenewalCounters,
 ) -> Vec<(Arc<LeaseShared>, Instant, u64)> {
     let calls: Vec<_> = batch
         .iter()
@@ -178,26 +195,33 @@ async fn renew(
         .collect();
     let ttls: Vec<Duration> = batch.iter().map(|(l, _)| l.ttl()).collect();
     let sent = Instant::now();
-    let results = eval_many(conn, &calls).await;
+    let (results, round_trips) = eval_many(conn, &calls).await;
+    counters.ticks.fetch_add(1, Ordering::Relaxed);
+    counters.round_trips.fetch_add(round_trips, Ordering::Relaxed);
     tracing::trace!(leases = batch.len(), elapsed = ?sent.elapsed(), "renewal tick");
     let mut requeue = Vec::with_capacity(batch.len());
     for (((lease, epoch), ttl), result) in batch.into_iter().zip(ttls).zip(results) {
         match result {
             Ok(reply) if int(&reply) == Some(1) => {
                 lease.confirm(sent, ttl);
+                counters.renewed.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(lock = %lease.name, "renewed");
                 let due = lease.next_renewal();
                 requeue.push((lease, due, epoch));
             }
             Ok(_) => {
-                lease.end(LostReason::Gone);
+                if lease.end(LostReason::Gone) {
+                    counters.lost.fetch_add(1, Ordering::Relaxed);
+                }
             }
             Err(err) => {
                 let now = Instant::now();
                 let valid_until = lease.valid_until();
                 if now >= valid_until {
                     tracing::warn!(lock = %lease.name, error = %err, "renewal failed and the lease ran out");
-                    lease.end(LostReason::Expired);
+                    if lease.end(LostReason::Expired) {
+                        counters.lost.fetch_add(1, Ordering::Relaxed);
+                    }
                 } else {
                     tracing::debug!(lock = %lease.name, error = %err, "renewal failed; retrying");
                     let retry = (lease.interval() / 10).clamp(Duration::from_millis(20), RETRY_CAP);

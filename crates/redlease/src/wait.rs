@@ -188,7 +188,6 @@ where
     let mut sub = None;
     let mut debt: Option<crate::notify::WakeDebt> = None;
     loop {
-        let seen = sub.as_ref().map(crate::notify::Subscription::generation);
         let outcome = attempt(deadline).await;
         if let Some(d) = debt.take() {
             d.settle();
@@ -222,20 +221,13 @@ where
             sub = Some(s);
             continue;
         };
-        let notified = s.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if Some(s.generation()) != seen {
-            // A wake-up arrived while the attempt was on its way.
-            continue;
-        }
         let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
         let mut wake_at = now + fallback + jitter(fallback);
         if let Some(d) = deadline {
             wake_at = wake_at.min(d);
         }
         let woken = tokio::select! {
-            _ = &mut notified => true,
+            _ = s.woken() => true,
             _ = tokio::time::sleep_until(wake_at) => false,
         };
         if deadline.is_some_and(|d| Instant::now() >= d) {

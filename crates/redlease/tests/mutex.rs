@@ -541,3 +541,32 @@ async fn hundreds_of_tasks_share_one_connection_without_mixing_replies() {
     }
     assert_eq!(done.load(Ordering::SeqCst), 400);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_batches_every_lease_into_one_round_trip_per_tick() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(600);
+    let mut guards = Vec::new();
+    for i in 0..1000 {
+        let mutex = client
+            .mutex_with(&format!("batch-{i}"), LeaseOptions::new().ttl(ttl))
+            .unwrap();
+        guards.push(mutex.try_lock().await.unwrap());
+    }
+    let before = client.stats();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = client.stats();
+    let ticks = after.renewal_ticks - before.renewal_ticks;
+    let renewed = after.leases_renewed - before.leases_renewed;
+    // Every lease renews about every 200 ms: ~10 renewals each in 2 s.
+    assert!(renewed >= 1000 * 6, "renewed {renewed}");
+    // Batched: a handful of ticks, each a single round trip — not one per lease.
+    assert!((5..=40).contains(&ticks), "ticks {ticks}");
+    assert_eq!(after.renewal_round_trips - before.renewal_round_trips, ticks);
+    assert_eq!(after.leases_lost_by_renewal, 0);
+    assert!(guards.iter().all(|g| g.is_held()));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}

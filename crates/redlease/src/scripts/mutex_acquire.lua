@@ -13,25 +13,35 @@
 --                          token and gets the fence it was given, and what is left
 --        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none)
 --
--- Four calls when the lock is free. The metadata is read first, so a WRONGTYPE error
--- aborts before anything is written.
-local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
-local pttl = nil
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  pttl = redis.call('PTTL', KEYS[1])
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return {0, pttl}
+-- Four calls when the lock is free, three when it is held. Nothing is left half-done:
+-- SET NX on a key of another type just fails (the GET that follows raises WRONGTYPE
+-- before any write), and a metadata key of another type undoes the SET.
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local meta = redis.pcall('GET', KEYS[2])
+  if type(meta) == 'table' and meta.err then
+    redis.call('DEL', KEYS[1])
+    return meta
   end
-  if meta_token == ARGV[1] then
-    return {1, prev, pttl}
-  end
-  -- Our lock, but its metadata was lost: issue a fresh fence below.
+  local prev = parse_meta(meta)
+  local fence, now_ms = next_fence(prev)
+  redis.call('SET', KEYS[2],
+    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[3],
+    'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
+  return fence
 end
+local pttl = redis.call('PTTL', KEYS[1])
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return {0, pttl}
+end
+-- Ours already: a retry of a request whose reply was lost.
+local meta = redis.call('GET', KEYS[2])
+local prev, _, meta_token = parse_meta(meta)
+if meta_token == ARGV[1] then
+  return {1, prev, pttl}
+end
+-- Our lock, but its metadata was lost: issue a fresh fence.
 local fence, now_ms = next_fence(prev)
 redis.call('SET', KEYS[2],
   string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[3],
-  'PX', math.max(pttl or tonumber(ARGV[2]), 1) + tonumber(ARGV[4]))
-if pttl then
-  return {1, fence, pttl}
-end
-return fence
+  'PX', math.max(pttl, 1) + tonumber(ARGV[4]))
+return {1, fence, pttl}

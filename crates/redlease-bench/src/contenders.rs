@@ -1,0 +1,180 @@
+//! The locks being compared, behind one small interface.
+//!
+//! - `raw-redis`: the commands a careful hand-written lock issues — `SET key token NX PX`
+//!   and a compare-and-delete script through EVALSHA — with redis-rs. Waiting spins on
+//!   `SET NX` with no sleep, the fastest (and most wasteful) thing a client can do: the
+//!   floor for latency, not a recommendation.
+//! - `redlease`: this crate's plain mutex (notified waiting, fencing, renewal).
+//! - `rslock`: the rslock crate (0.10), single node. It waits by retrying with a random
+//!   sleep of up to `retry_delay`, and releases its own failed attempt after each one.
+//!   Run at its default (3 retries, 200 ms) and at 10 ms, the delay its own test-suite
+//!   uses, which is the fastest sane polling we found for it.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+/// Which lock implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum Contender {
+    #[serde(rename = "raw-redis")]
+    Raw,
+    #[serde(rename = "redlease")]
+    Redlease,
+    #[serde(rename = "rslock")]
+    Rslock,
+    #[serde(rename = "rslock-10ms")]
+    Rslock10ms,
+}
+
+impl Contender {
+    pub const ALL: [Contender; 4] = [
+        Contender::Raw,
+        Contender::Redlease,
+        Contender::Rslock,
+        Contender::Rslock10ms,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Raw => "raw-redis",
+            Contender::Redlease => "redlease",
+            Contender::Rslock => "rslock",
+            Contender::Rslock10ms => "rslock-10ms",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+const UNLOCK: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const EXTEND: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+
+/// A connected lock client of one contender.
+pub enum Locker {
+    Raw {
+        conn: MultiplexedConnection,
+        unlock: redis::Script,
+        extend: redis::Script,
+    },
+    Redlease(redlease::Client),
+    Rslock(rslock::LockManager),
+}
+
+/// A held lock.
+pub enum Held {
+    Raw { key: String, token: String },
+    Redlease(redlease::MutexGuard),
+    Rslock(rslock::Lock),
+}
+
+impl Locker {
+    pub async fn connect(contender: Contender, url: &str) -> Locker {
+        match contender {
+            Contender::Raw => {
+                let client = redis::Client::open(url).expect("redis url");
+                let conn = client.get_multiplexed_async_connection().await.expect("connect");
+                Locker::Raw {
+                    conn,
+                    unlock: redis::Script::new(UNLOCK),
+                    extend: redis::Script::new(EXTEND),
+                }
+            }
+            Contender::Redlease => {
+                let client = redis::Client::open(url).expect("redis url");
+                let redlease = redlease::Client::builder(client).build().await.expect("connect");
+                Locker::Redlease(redlease)
+            }
+            Contender::Rslock | Contender::Rslock10ms => {
+                let mut mgr = rslock::LockManager::new(vec![url.to_owned()]);
+                if contender == Contender::Rslock10ms {
+                    mgr.set_retry(3, Duration::from_millis(10));
+                }
+                Locker::Rslock(mgr)
+            }
+        }
+    }
+
+    /// Takes `name`, waiting as long as it takes.
+    pub async fn lock(&self, name: &str, ttl: Duration) -> Held {
+        match self {
+            Locker::Raw { conn, .. } => {
+                let token = format!("{:032x}", rand_u128());
+                let mut conn = conn.clone();
+                loop {
+                    let ok: Option<String> = redis::cmd("SET")
+                        .arg(name)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET NX");
+                    if ok.is_some() {
+                        return Held::Raw {
+                            key: name.to_owned(),
+                            token,
+                        };
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+            Locker::Redlease(client) => {
+                let mutex = client
+                    .mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
+                    .expect("valid name");
+                Held::Redlease(mutex.lock().await.expect("lock"))
+            }
+            Locker::Rslock(mgr) => Held::Rslock(mgr.acquire_no_guard(name, ttl).await.expect("acquire")),
+        }
+    }
+
+    /// Releases a held lock.
+    pub async fn unlock(&self, held: Held) {
+        match (self, held) {
+            (Locker::Raw { conn, unlock, .. }, Held::Raw { key, token }) => {
+                let mut conn = conn.clone();
+                let _: i64 = unlock
+                    .key(key)
+                    .arg(token)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("unlock");
+            }
+            (Locker::Redlease(_), Held::Redlease(guard)) => guard.release().await.expect("release"),
+            (Locker::Rslock(mgr), Held::Rslock(lock)) => mgr.unlock(&lock).await,
+            _ => unreachable!("a lock is released by the contender that took it"),
+        }
+    }
+
+    /// One manual renewal round trip of a held lock (for contenders without auto-renewal).
+    pub async fn extend(&self, held: &Held, ttl: Duration) {
+        match (self, held) {
+            (Locker::Raw { conn, extend, .. }, Held::Raw { key, token }) => {
+                let mut conn = conn.clone();
+                let _: i64 = extend
+                    .key(key)
+                    .arg(token)
+                    .arg(ttl.as_millis() as u64)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("extend");
+            }
+            (Locker::Rslock(mgr), Held::Rslock(lock)) => {
+                mgr.extend(lock, ttl).await.expect("extend");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// 128 random bits from the OS for raw-redis tokens (the same source and strength redlease uses).
+fn rand_u128() -> u128 {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("OS random source");
+    u128::from_le_bytes(b)
+}
