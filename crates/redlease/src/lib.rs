@@ -7,13 +7,18 @@
 //!   pub/sub connection for wake-ups, and one renewal task for all leases.
 //! - [`Mutex`] / [`MutexGuard`]: the plain lock, at key `<prefix><name>` in the format
 //!   redis-py, node-redlock and redsync use.
+//! - [`FairMutex`]: the same lock, served in arrival order (FIFO), with a heartbeated
+//!   queue that dead waiters leave within seconds.
+//! - [`RwLock`]: many readers or one writer, writer-preferring; every share its own lease.
+//! - [`Semaphore`] / [`Permit`]: N permits per name, each acquisition a lease that comes
+//!   back when its holder stops renewing it.
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`Error`]: one error type; messages name the lock.
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
-//! primitives (`mutex`) → this page.
+//! primitives (`mutex`, `fair`, `rwlock`, `semaphore`, sharing `held`) → this page.
 //!
 //! # Example
 //!
@@ -68,12 +73,16 @@
 mod client;
 mod conn;
 mod error;
+mod fair;
+mod held;
 mod keys;
 mod lease;
 mod mutex;
 mod notify;
 mod renewer;
+mod rwlock;
 mod scripts;
+mod semaphore;
 mod token;
 mod wait;
 
@@ -83,7 +92,10 @@ pub use client::{
 };
 pub use conn::CommandConnection;
 pub use error::{Error, Result};
+pub use fair::{DEFAULT_WAITER_TTL, FairMutex, FairMutexGuard, FairMutexStatus};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
+pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, SemaphoreStatus};
 pub use token::{FencingToken, Token};

@@ -62,6 +62,9 @@ impl std::fmt::Debug for LuaScript {
 }
 
 const FENCE: &str = include_str!("fence.lua");
+/// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
+const EXPIRY: &str = include_str!("expiry.lua");
+const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -73,6 +76,12 @@ macro_rules! script {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
     };
+    // Scripts that use other preludes list them, in order.
+    ($static:ident, $file:literal, [$($prelude:ident),+]) => {
+        pub(crate) static $static: LazyLock<LuaScript> = LazyLock::new(|| {
+            LuaScript::new($file, &[$($prelude,)+ include_str!(concat!($file, ".lua"))])
+        });
+    };
 }
 
 script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
@@ -80,9 +89,50 @@ script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
 
+script!(FAIR_ACQUIRE, "fair_acquire", [FENCE, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
+script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
+script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
+
+script!(RW_READ, "rw_read", [EXPIRY]);
+script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
+script!(RW_READ_RELEASE, "rw_read_release", [EXPIRY]);
+script!(RW_WRITE, "rw_write", [FENCE, EXPIRY]);
+script!(RW_WRITER_HEARTBEAT, "rw_writer_heartbeat", [EXPIRY]);
+script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
+script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
+script!(RW_STATUS, "rw_status", [FENCE, EXPIRY]);
+
+script!(SEM_ACQUIRE, "sem_acquire", [EXPIRY]);
+script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
+script!(SEM_RELEASE, "sem_release", [EXPIRY]);
+script!(SEM_STATUS, "sem_status", [EXPIRY]);
+
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static LuaScript; 4] {
-    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS]
+pub(crate) fn all() -> Vec<&'static LuaScript> {
+    let all: [&'static LuaScript; 20] = [
+        &MUTEX_ACQUIRE,
+        &MUTEX_EXTEND,
+        &MUTEX_RELEASE,
+        &MUTEX_STATUS,
+        &FAIR_ACQUIRE,
+        &FAIR_HEARTBEAT,
+        &FAIR_RELEASE,
+        &FAIR_STATUS,
+        &RW_READ,
+        &RW_READ_EXTEND,
+        &RW_READ_RELEASE,
+        &RW_WRITE,
+        &RW_WRITER_HEARTBEAT,
+        &RW_WRITE_RELEASE,
+        &RW_DOWNGRADE,
+        &RW_STATUS,
+        &SEM_ACQUIRE,
+        &SEM_EXTEND,
+        &SEM_RELEASE,
+        &SEM_STATUS,
+    ];
+    all.to_vec()
 }
 
 /// Loads every script into the server's cache in one round trip, so that the first
