@@ -487,6 +487,10 @@ impl FairMutex {
     ///
     /// Reads only; never reveals a token. Waiters whose heartbeat lapsed are left out.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
+    ///
     /// # Errors
     ///
     /// [`Error::WrongType`] when a key is not a lock's, and Redis errors.

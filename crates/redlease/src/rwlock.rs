@@ -23,7 +23,8 @@ use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying};
 /// The write lock is the key `<prefix><name>` holding the writer's token with a PX
 /// TTL — the plain mutex's format, so a plain [`Mutex`](crate::Mutex) of the same name
 /// (or a redis-py / redsync client) excludes readers and writers alike, though it does
-/// not itself wait for readers. Read shares live in a sorted set beside it
+/// not itself wait for readers, and its release does not wake this lock's waiters (they
+/// retry when its lease would have ended). Read shares live in a sorted set beside it
 /// (`{<key>}:readers`, token → lease deadline on Redis's clock). Each write acquisition
 /// gets a [`FencingToken`] from the same sequence as the plain mutex of that name.
 ///
@@ -494,6 +495,10 @@ impl RwLock {
     /// writers wait, with the writer's fencing token and label.
     ///
     /// Reads only; never reveals a token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
     ///
     /// # Errors
     ///

@@ -419,6 +419,10 @@ impl Semaphore {
     ///
     /// Reads only; never reveals a token.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it changes nothing.
+    ///
     /// # Errors
     ///
     /// [`Error::WrongType`] when a key is not a semaphore's, and Redis errors.

@@ -350,7 +350,8 @@ async fn a_dead_waiting_writer_keeps_readers_out_only_for_its_waiter_ttl() {
         .unwrap();
     let waited = died.elapsed();
     eprintln!("readers were kept out {waited:?} by a dead writer (waiter ttl {waiter_ttl:?})");
-    assert!(waited <= waiter_ttl + Duration::from_millis(300), "{waited:?}");
+    // The readers retry when the registration would lapse (plus up to 10% jitter).
+    assert!(waited <= waiter_ttl + Duration::from_millis(400), "{waited:?}");
     assert_eq!(lock.status().await.unwrap().waiting_writers, 0);
     second.release().await.unwrap();
     reading.release().await.unwrap();
