@@ -348,10 +348,10 @@ impl FairMutex {
                         self.new_lease(token_ref, sent, remaining),
                     )))
                 }
-                [flag, pttl, place] if int(flag) == Some(0) => {
+                [flag, pttl, place, joined] if int(flag) == Some(0) => {
                     match int(place) {
                         Some(place) if place >= 0 => {
-                            heartbeat_ref.joined(sent);
+                            heartbeat_ref.joined(sent, int(joined) == Some(1));
                             let mut report = position_ref.lock().expect("position lock");
                             let (last, on_position) = &mut *report;
                             if *last != Some(place as u64) {

@@ -206,13 +206,17 @@ impl Heartbeat {
         }
     }
 
-    /// A request sent at `sent` wrote the entry: keep it alive from now on (unless a
-    /// heartbeat already runs). A heartbeat that found the entry gone has ended, and is
-    /// started afresh here once the waiter rejoined.
-    pub fn joined(&self, sent: Instant) {
+    /// A request sent at `sent` found or wrote the entry (`fresh`: created it): keep it
+    /// alive from now on. A running heartbeat is kept unless the entry is fresh — then
+    /// the old one may be about to learn that the previous entry was gone, and a new
+    /// one takes over.
+    pub fn joined(&self, sent: Instant, fresh: bool) {
         let mut lease = self.lease.lock().expect("heartbeat lock");
-        if lease.as_ref().is_some_and(|l| l.ended().is_none()) {
-            return;
+        if let Some(old) = lease.as_ref() {
+            if !fresh && old.ended().is_none() {
+                return;
+            }
+            old.end(LostReason::Released);
         }
         let shared = LeaseShared::new(
             self.name.clone(),

@@ -433,9 +433,9 @@ impl RwLock {
                         self.write_lease(token_ref, sent, remaining),
                     )))
                 }
-                [flag, remaining] if int(flag) == Some(0) => {
+                [flag, remaining, registered] if int(flag) == Some(0) => {
                     if waits {
-                        heartbeat_ref.joined(sent);
+                        heartbeat_ref.joined(sent, int(registered) == Some(1));
                     } else {
                         pending_ref.answered_no();
                     }

@@ -25,18 +25,40 @@ async fn queue_len(mutex: &redlease::FairMutex) -> u64 {
 /// Collects every message published on the waiters' own channels of lock `name`.
 async fn wake_log(server: &RedisServer, name: &str) -> Arc<StdMutex<Vec<String>>> {
     let log = Arc::new(StdMutex::new(Vec::new()));
+    let probed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = format!("{{redlease:{name}}}:wake:probe");
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
     pubsub
         .psubscribe(format!("{{redlease:{name}}}:wake:*"))
         .await
         .unwrap();
-    let sink = log.clone();
+    let (sink, seen, own_probe) = (log.clone(), probed.clone(), probe.clone());
     tokio::spawn(async move {
         let mut stream = pubsub.into_on_message();
         while let Some(msg) = stream.next().await {
-            sink.lock().unwrap().push(msg.get_channel_name().to_owned());
+            if msg.get_channel_name() == own_probe {
+                seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            } else {
+                sink.lock().unwrap().push(msg.get_channel_name().to_owned());
+            }
         }
     });
+    // Handshake: the subscription is live once a probe message comes through.
+    let conn = raw(server).await;
+    eventually(5.0, "the wake-up log is subscribed", || {
+        let (mut conn, probed, probe) = (conn.clone(), probed.clone(), probe.clone());
+        async move {
+            let _: i64 = redis::cmd("PUBLISH")
+                .arg(&probe)
+                .arg("probe")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            probed.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    })
+    .await;
     log
 }
 
@@ -612,4 +634,81 @@ async fn bad_input_is_refused_before_anything_is_sent() {
     let typed = client.fair_mutex("typed").unwrap();
     let err = typed.lock_timeout(Duration::from_secs(1)).await.unwrap_err();
     assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
+}
+
+/// A waiter presumed dead (its entry pruned while it was paused, here removed behind
+/// its back) is told by its next heartbeat, rejoins at the back at once, and keeps the
+/// new entry alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_entry_vanished_rejoins_at_the_back_and_stays() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let waiter_ttl = Duration::from_millis(300);
+    let mutex = client
+        .fair_mutex("vanished")
+        .unwrap()
+        .with_waiter_ttl(waiter_ttl)
+        .unwrap();
+    let mut conn = raw(&server).await;
+    let holder = mutex.lock().await.unwrap();
+    let order = Arc::new(StdMutex::new(Vec::new()));
+    let (tx, mut positions) = tokio::sync::mpsc::unbounded_channel();
+    let first = tokio::spawn({
+        let (mutex, order) = (mutex.clone(), order.clone());
+        async move {
+            let guard = mutex
+                .lock_with_position(None, |p| {
+                    let _ = tx.send(p);
+                })
+                .await
+                .unwrap();
+            order.lock().unwrap().push("first");
+            guard.release().await.unwrap();
+        }
+    });
+    assert_eq!(within(5.0, "joined", positions.recv()).await, Some(0));
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("{redlease:vanished}:queue")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 1);
+    let second = tokio::spawn({
+        let (mutex, order) = (mutex.clone(), order.clone());
+        async move {
+            let guard = mutex.lock().await.unwrap();
+            order.lock().unwrap().push("second");
+            guard.release().await.unwrap();
+        }
+    });
+    eventually(5.0, "the second waiter joins", || {
+        let mutex = mutex.clone();
+        async move { queue_len(&mutex).await == 2 }
+    })
+    .await;
+    // The first waiter's entry vanishes (as if pruned while its process was paused).
+    let removed: i64 = redis::cmd("EVAL")
+        .arg("return redis.call('ZREM', KEYS[1], ARGV[1]) + redis.call('ZREM', KEYS[2], ARGV[1])")
+        .arg(2)
+        .arg("{redlease:vanished}:queue")
+        .arg("{redlease:vanished}:alive")
+        .arg(&members[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(removed, 2);
+    // Its next heartbeat (within a third of the waiter TTL) finds the entry gone and
+    // wakes it; it rejoins behind the second waiter.
+    let position = within(2.0, "the waiter rejoins", positions.recv()).await;
+    assert_eq!(position, Some(1), "rejoined at the back");
+    // Several waiter TTLs later both entries are alive: the new one is heartbeated.
+    tokio::time::sleep(waiter_ttl * 4).await;
+    assert_eq!(queue_len(&mutex).await, 2, "the rejoined entry lapsed");
+    holder.release().await.unwrap();
+    within(5.0, "first served", first).await.unwrap();
+    within(5.0, "second served", second).await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["second", "first"]);
+    let _ = &mut conn;
 }

@@ -19,10 +19,12 @@
 -- Reply: fence                acquired now, for the full ttl_ms (our entry, if any, left
 --                             the queue in the same step)
 --        {1, fence, pttl}     already ours: a retry after a lost reply
---        {0, pttl, position}  busy. position: our place in the queue (0: next), -1 when
+--        {0, pttl, position, joined}
+--                             busy. position: our place in the queue (0: next), -1 when
 --                             not queued (try). pttl: the holder's remaining lease when
 --                             we are next or only trying (-1: none, -2: free but others
---                             are ahead); -1 otherwise
+--                             are ahead); -1 otherwise. joined: 1 when this call created
+--                             our entry (the waiter must heartbeat it)
 --
 -- Idempotent: a retried request finds its token in the lock, or its entry in the queue
 -- (it keeps its ticket, hence its place). Five calls when the lock is free and nobody
@@ -66,14 +68,16 @@ if head_changed then
   wake_head(KEYS[1], KEYS[3], ARGV[8], ARGV[9])
 end
 if ARGV[7] ~= '1' then
-  return {0, pttl, -1}
+  return {0, pttl, -1, 0}
 end
 now = now or server_ms()
 local deadline = now + tonumber(ARGV[6])
+local joined = 0
 if redis.call('ZADD', KEYS[4], 'XX', 'CH', deadline, ARGV[2]) == 0 then
   if not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     redis.call('ZADD', KEYS[3], (tonumber(last[2]) or 0) + 1, ARGV[2])
+    joined = 1
   end
   redis.call('ZADD', KEYS[4], deadline, ARGV[2])
 end
@@ -83,4 +87,4 @@ local position = redis.call('ZRANK', KEYS[3], ARGV[2])
 if position ~= 0 then
   pttl = -1
 end
-return {0, pttl, position}
+return {0, pttl, position, joined}

@@ -15,9 +15,11 @@
 --
 -- Reply: fence              acquired now, for the full ttl_ms
 --        {1, fence, pttl}   already ours: a retry after a lost reply
---        {0, remaining_ms}  busy: a writer holds the lock (its lease) or readers hold
+--        {0, remaining_ms, registered}
+--                           busy: a writer holds the lock (its lease) or readers hold
 --                           shares (until the last of them lapses unless renewed);
---                           -1 when unknown
+--                           -1 when unknown. registered: 1 when this call created the
+--                           registration (the writer must heartbeat it)
 --
 -- Six calls when free (seven when waiting was allowed). Idempotent: a retry finds its
 -- token in the lock, or refreshes its registration.
@@ -43,15 +45,16 @@ if pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[1] then
     'PX', math.max(pttl, 1) + tonumber(ARGV[4]))
   return {1, fence, pttl}
 end
+local registered = 0
 if ARGV[6] == '1' then
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[1])
+  registered = redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[1])
   expire_at_least(KEYS[4], ARGV[5])
 end
 if pttl >= 0 then
-  return {0, pttl}
+  return {0, pttl, registered}
 end
 local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if last[2] then
-  return {0, tonumber(last[2]) - now}
+  return {0, tonumber(last[2]) - now, registered}
 end
-return {0, -1}
+return {0, -1, registered}
