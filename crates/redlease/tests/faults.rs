@@ -63,17 +63,25 @@ async fn lost_reply_without_recovery_leaves_no_orphan() {
     )
     .await;
     let mutex = client.mutex("orphan").unwrap();
-    let mut conn = raw(&server).await;
+    let conn = raw(&server).await;
 
     proxy.hold_replies();
-    let err = within(5.0, "try_lock gives up", mutex.try_lock())
+    let attempt = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.try_lock().await }
+    });
+    // The SET lands while its reply is held. Observed while the attempt is in flight:
+    // once it gives up, its compare-and-delete goes out at once (only replies are held).
+    eventually(2.0, "the SET landed while its reply was held", || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, "redlease:orphan").await }
+    })
+    .await;
+    let err = within(5.0, "try_lock gives up", attempt)
         .await
+        .unwrap()
         .unwrap_err();
     assert!(err.is_unavailable(), "expected a timeout-class error, got {err}");
-    assert!(
-        exists(&mut conn, "redlease:orphan").await,
-        "the SET landed while its reply was held"
-    );
     proxy.release_replies();
     eventually(5.0, "the orphan is compare-and-deleted", || {
         let mut conn = conn.clone();
