@@ -136,22 +136,24 @@ async fn positions_are_reported_while_waiting() {
     let mut tasks = Vec::new();
     let reports = Arc::new(StdMutex::new(Vec::new()));
     for i in 0..3u64 {
-        let (waiter, reports) = (mutex.clone(), reports.clone());
+        let (waiter, log) = (mutex.clone(), reports.clone());
         tasks.push(tokio::spawn(async move {
             let guard = waiter
                 .lock_with_position(Some(Duration::from_secs(10)), |p| {
-                    reports.lock().unwrap().push((i, p))
+                    log.lock().unwrap().push((i, p))
                 })
                 .await
                 .unwrap();
             guard.release().await.unwrap();
         }));
-        eventually(5.0, "joined", || {
-            let mutex = mutex.clone();
-            async move { queue_len(&mutex).await == i + 1 }
+        // The waiter has its ticket once it reported its place (the next one joins after).
+        eventually(5.0, "joined and reported", || {
+            let reports = reports.clone();
+            async move { reports.lock().unwrap().len() as u64 == i + 1 }
         })
         .await;
     }
+    assert_eq!(queue_len(&mutex).await, 3);
     assert_eq!(
         *reports.lock().unwrap(),
         [(0, 0), (1, 1), (2, 2)],
