@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use crate::conn::CommandConnection;
 use crate::error::{Error, Result};
+use crate::fair::FairMutex;
 use crate::keys;
 use crate::legacy::{LegacyLock, LegacyOptions};
 use crate::mutex::Mutex;
 use crate::notify::{Notifier, PubSubConnector};
 use crate::renewer::Renewer;
+use crate::rwlock::RwLock;
+use crate::semaphore::Semaphore;
 
 /// Default lease length.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -170,6 +173,65 @@ impl Client {
     /// a whole number of seconds) or [`Error::InvalidArgument`] (a zero poll interval).
     pub fn legacy_lock(&self, name: &str, options: LegacyOptions) -> Result<LegacyLock> {
         LegacyLock::new(self.inner.clone(), name, options)
+    }
+
+    /// A fair (FIFO) mutex at key `<prefix><name>` with default options (30 s lease,
+    /// auto-renew, 5 s waiter TTL). See [`FairMutex`] for how it shares the key with
+    /// the plain mutex.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
+        self.fair_mutex_with(name, LeaseOptions::default())
+    }
+
+    /// A fair mutex with the given lease options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
+    pub fn fair_mutex_with(&self, name: &str, options: LeaseOptions) -> Result<FairMutex> {
+        FairMutex::new(self.inner.clone(), name, options)
+    }
+
+    /// A writer-preferring read-write lock with default options (30 s leases,
+    /// auto-renew, 5 s waiter TTL).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        self.rwlock_with(name, LeaseOptions::default())
+    }
+
+    /// A read-write lock with the given lease options (for readers and writers).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
+    pub fn rwlock_with(&self, name: &str, options: LeaseOptions) -> Result<RwLock> {
+        RwLock::new(self.inner.clone(), name, options)
+    }
+
+    /// A semaphore of `limit` permits with default options (30 s leases, auto-renew).
+    /// Every user of the name must give the same limit while permits are held.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`]; [`Error::InvalidArgument`] when `limit` is 0 or above
+    /// [`MAX_PERMITS`](crate::MAX_PERMITS).
+    pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
+        self.semaphore_with(name, limit, LeaseOptions::default())
+    }
+
+    /// A semaphore of `limit` permits with the given lease options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::InvalidTtl`] or [`Error::InvalidArgument`].
+    pub fn semaphore_with(&self, name: &str, limit: u32, options: LeaseOptions) -> Result<Semaphore> {
+        Semaphore::new(self.inner.clone(), name, limit, options)
     }
 
     /// The key prefix.

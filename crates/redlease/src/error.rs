@@ -68,6 +68,18 @@ pub enum Error {
         reason: String,
     },
 
+    /// Permits of the semaphore are held under a different limit than this handle's.
+    /// Nothing was changed. The limit can change only while no permit is held.
+    #[error("semaphore {name:?} is in use with a limit of {existing} permits, not {limit}")]
+    LimitMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// This handle's limit.
+        limit: u32,
+        /// The limit the current holders use.
+        existing: u32,
+    },
+
     /// A key of the lock holds a value of another type: something else uses that key.
     #[error("key {key:?} of lock {name:?} holds a value of the wrong type; is another program using it?")]
     WrongType {
@@ -204,6 +216,7 @@ impl Error {
             | Error::InvalidName { name, .. }
             | Error::InvalidTtl { name, .. }
             | Error::InvalidArgument { name, .. }
+            | Error::LimitMismatch { name, .. }
             | Error::WrongType { name, .. }
             | Error::ReadOnly { name }
             | Error::Redis { name, .. } => Some(name),

@@ -7,6 +7,11 @@
 //!   pub/sub connection for wake-ups, and one renewal task for all leases.
 //! - [`Mutex`] / [`MutexGuard`]: the plain lock, at key `<prefix><name>` in the format
 //!   redis-py, node-redlock and redsync use.
+//! - [`FairMutex`]: the same lock, served in arrival order (FIFO), with a heartbeated
+//!   queue that dead waiters leave within seconds.
+//! - [`RwLock`]: many readers or one writer, writer-preferring; every share its own lease.
+//! - [`Semaphore`] / [`Permit`]: N permits per name, each acquisition a lease that comes
+//!   back when its holder stops renewing it.
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`optimistic`]: no lock at all — `WATCH`/`MULTI`/`EXEC` transactions with bounded
@@ -17,7 +22,7 @@
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
-//! primitives (`mutex`) → this page.
+//! primitives (`mutex`, `fair`, `rwlock`, `semaphore`, sharing `held`) → this page.
 //!
 //! # Example
 //!
@@ -72,6 +77,8 @@
 mod client;
 mod conn;
 mod error;
+mod fair;
+mod held;
 mod keys;
 mod lease;
 mod legacy;
@@ -79,7 +86,9 @@ mod mutex;
 mod notify;
 pub mod optimistic;
 mod renewer;
+mod rwlock;
 mod scripts;
+mod semaphore;
 mod token;
 mod wait;
 
@@ -89,8 +98,11 @@ pub use client::{
 };
 pub use conn::CommandConnection;
 pub use error::{Error, Result};
+pub use fair::{DEFAULT_WAITER_TTL, FairMutex, FairMutexGuard, FairMutexStatus};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
+pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, SemaphoreStatus};
 pub use token::{FencingToken, Token};

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -33,6 +33,9 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 pub(crate) struct Channel {
     /// Wake permits: each lets one waiter try again.
     permits: Semaphore,
+    /// Wake-up messages received (not pass-ons), so a waiter can tell whether a wake-up
+    /// it could not use is new to it.
+    generation: AtomicU64,
     /// Local waiters subscribed; changed only under the registry lock.
     waiters: AtomicUsize,
     subscribed: watch::Sender<bool>,
@@ -42,6 +45,7 @@ impl Channel {
     fn new() -> Self {
         Channel {
             permits: Semaphore::new(0),
+            generation: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
             subscribed: watch::channel(false).0,
         }
@@ -57,8 +61,10 @@ impl Channel {
         }
     }
 
-    fn wake_all(&self) {
-        self.wake(usize::MAX);
+    /// A wake-up message arrived: counts it, then wakes `count` waiters.
+    fn message(&self, count: usize) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.wake(count);
     }
 }
 
@@ -133,6 +139,11 @@ impl Subscription {
             tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await,
             Ok(Ok(_))
         )
+    }
+
+    /// The number of wake-up messages received so far on this channel.
+    pub fn generation(&self) -> u64 {
+        self.state.generation.load(Ordering::Acquire)
     }
 
     /// Waits for a wake permit, and consumes it.
@@ -254,14 +265,14 @@ async fn run(
             ch.subscribed.send_replace(true);
             if connected_before {
                 // Releases published while we were away were missed: let everyone retry.
-                ch.wake_all();
+                ch.message(usize::MAX);
             }
         }
         connected_before = true;
         let shutdown = serve(&registry, &mut rx, &mut sink, &mut stream).await;
         for (_, ch) in channels(&registry) {
             ch.subscribed.send_replace(false);
-            ch.wake_all();
+            ch.message(usize::MAX);
         }
         if shutdown {
             return;
@@ -308,10 +319,10 @@ async fn serve(
                 let Some(ch) = lookup(registry, msg.get_channel_name()) else { continue };
                 let payload = msg.get_payload_bytes();
                 if payload == b"*" {
-                    ch.wake_all();
+                    ch.message(usize::MAX);
                 } else {
                     let n = std::str::from_utf8(payload).ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
-                    ch.wake(n);
+                    ch.message(n);
                 }
             }
             _ = ping.tick() => {

@@ -158,6 +158,10 @@ pub(crate) enum Attempt<T> {
     Acquired(T),
     /// Someone else has it; the wait should not outlast `remaining` (their lease).
     Busy { remaining: Option<Duration> },
+    /// Busy for this waiter, but what was freed could serve another local waiter (a
+    /// semaphore waiter that needs more permits than are free): a wake-up this waiter
+    /// consumed is passed on, at most once per message, instead of being swallowed.
+    BusyPassOn { remaining: Option<Duration> },
 }
 
 /// How an acquire waits.
@@ -187,17 +191,27 @@ where
     let deadline = spec.wait.flatten();
     let mut sub = None;
     let mut debt: Option<crate::notify::WakeDebt> = None;
+    // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
+    // so a wake-up is passed on only by waiters that had not yet tried since it came.
+    let mut previous = None;
     loop {
+        let seen = sub.as_ref().map(crate::notify::Subscription::generation);
         let outcome = attempt(deadline).await;
+        let pass_on = matches!(outcome, Ok(Attempt::BusyPassOn { .. })) && seen != previous;
+        previous = seen;
         if let Some(d) = debt.take() {
-            d.settle();
+            if pass_on {
+                drop(d); // an unsettled debt wakes another local waiter
+            } else {
+                d.settle();
+            }
         }
         let remaining = match outcome? {
             Attempt::Acquired(value) => {
                 tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "acquired");
                 return Ok(value);
             }
-            Attempt::Busy { remaining } => remaining,
+            Attempt::Busy { remaining } | Attempt::BusyPassOn { remaining } => remaining,
         };
         let Some(_) = spec.wait else {
             return Err(Error::Contended {

@@ -63,6 +63,9 @@ impl std::fmt::Debug for LuaScript {
 
 const FENCE: &str = include_str!("fence.lua");
 const LEGACY: &str = include_str!("legacy.lua");
+/// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
+const EXPIRY: &str = include_str!("expiry.lua");
+const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -74,10 +77,11 @@ macro_rules! script {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
     };
-    // Scripts that share another prelude (e.g. legacy.lua) get it prepended.
-    ($static:ident, $file:literal, prelude $prelude:ident) => {
-        pub(crate) static $static: LazyLock<LuaScript> =
-            LazyLock::new(|| LuaScript::new($file, &[$prelude, include_str!(concat!($file, ".lua"))]));
+    // Scripts that use other preludes list them, in order.
+    ($static:ident, $file:literal, [$($prelude:ident),+]) => {
+        pub(crate) static $static: LazyLock<LuaScript> = LazyLock::new(|| {
+            LuaScript::new($file, &[$($prelude,)+ include_str!(concat!($file, ".lua"))])
+        });
     };
 }
 
@@ -86,13 +90,32 @@ script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
 script!(CAS, "cas");
-script!(LEGACY_ACQUIRE, "legacy_acquire", prelude LEGACY);
-script!(LEGACY_RENEW, "legacy_renew", prelude LEGACY);
-script!(LEGACY_RELEASE, "legacy_release", prelude LEGACY);
+script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
+script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
+script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
+
+script!(FAIR_ACQUIRE, "fair_acquire", [FENCE, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
+script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
+script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
+
+script!(RW_READ, "rw_read", [EXPIRY]);
+script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
+script!(RW_READ_RELEASE, "rw_read_release", [EXPIRY]);
+script!(RW_WRITE, "rw_write", [FENCE, EXPIRY]);
+script!(RW_WRITER_HEARTBEAT, "rw_writer_heartbeat", [EXPIRY]);
+script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
+script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
+script!(RW_STATUS, "rw_status", [FENCE, EXPIRY]);
+
+script!(SEM_ACQUIRE, "sem_acquire", [EXPIRY]);
+script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
+script!(SEM_RELEASE, "sem_release", [EXPIRY]);
+script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static LuaScript; 8] {
-    [
+pub(crate) fn all() -> Vec<&'static LuaScript> {
+    vec![
         &MUTEX_ACQUIRE,
         &MUTEX_EXTEND,
         &MUTEX_RELEASE,
@@ -101,6 +124,22 @@ pub(crate) fn all() -> [&'static LuaScript; 8] {
         &LEGACY_ACQUIRE,
         &LEGACY_RENEW,
         &LEGACY_RELEASE,
+        &FAIR_ACQUIRE,
+        &FAIR_HEARTBEAT,
+        &FAIR_RELEASE,
+        &FAIR_STATUS,
+        &RW_READ,
+        &RW_READ_EXTEND,
+        &RW_READ_RELEASE,
+        &RW_WRITE,
+        &RW_WRITER_HEARTBEAT,
+        &RW_WRITE_RELEASE,
+        &RW_DOWNGRADE,
+        &RW_STATUS,
+        &SEM_ACQUIRE,
+        &SEM_EXTEND,
+        &SEM_RELEASE,
+        &SEM_STATUS,
     ]
 }
 

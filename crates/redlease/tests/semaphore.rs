@@ -1,0 +1,440 @@
+//! The semaphore against a real redis-server: the limit under contention, expiring
+//! permits, multi-permit acquisition, the limit contract, wake-ups, faults, cancellation.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlease::{LeaseOptions, LostReason, Token};
+
+async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD").arg(key).query_async(conn).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_n_holders_and_all_n_are_used() {
+    let server = server();
+    let clients = [client(&server.url()).await, client(&server.url()).await];
+    const N: u32 = 4;
+    const TASKS: usize = 32;
+    const ROUNDS: usize = 4;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let sem = clients[t % 2].semaphore("pool", N).unwrap();
+        let (inside, max_inside) = (inside.clone(), max_inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let permit = sem.acquire().await.expect("acquire");
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                max_inside.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                permit.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        within(120.0, "every task finishes", t).await.unwrap();
+    }
+    let max = max_inside.load(Ordering::SeqCst);
+    assert!(max <= N as usize, "{max} holders of {N} permits");
+    assert_eq!(max, N as usize, "the {N} permits were never all used at once");
+    let mut conn = raw(&server).await;
+    assert!(all_keys(&mut conn).await.is_empty(), "nothing is left behind");
+}
+
+/// A holder that stops renewing (crashed, hung, cut off) loses its permit within its
+/// TTL, on Redis's clock, and a waiter gets it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_permit_comes_back_within_its_ttl() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(600);
+    let sem = client
+        .semaphore_with("reclaim", 1, LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let permit = sem.acquire().await.unwrap();
+    let _token = permit.forget(); // no more renewals, no release
+    let crashed = Instant::now();
+    assert!(sem.try_acquire().await.unwrap_err().is_contended());
+    let status = sem.status().await.unwrap();
+    assert_eq!((status.in_use, status.available), (1, 0));
+    let next = within(5.0, "the permit comes back", sem.acquire()).await.unwrap();
+    let waited = crashed.elapsed();
+    eprintln!("a crashed holder's permit came back after {waited:?} (ttl {ttl:?})");
+    assert!(waited >= ttl / 2, "the permit was not held: {waited:?}");
+    assert!(waited <= ttl + Duration::from_millis(300), "{waited:?}");
+    next.release().await.unwrap();
+
+    // The same when the holder's whole runtime dies while holding.
+    let url = server.url();
+    let holder = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let permit = rt.block_on(async move {
+            let client = common::client(&url).await;
+            let sem = client
+                .semaphore_with("reclaim", 1, LeaseOptions::new().ttl(ttl))
+                .unwrap();
+            sem.acquire().await.unwrap()
+        });
+        rt.shutdown_background();
+        drop(permit); // outside any runtime: nothing can release it
+        Instant::now()
+    });
+    let died = holder.join().unwrap();
+    assert!(sem.try_acquire().await.unwrap_err().is_contended());
+    let next = within(5.0, "the permit comes back", sem.acquire()).await.unwrap();
+    assert!(died.elapsed() <= ttl + Duration::from_millis(300));
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_permits_are_taken_all_or_nothing() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("many", 5).unwrap();
+    let mut conn = raw(&server).await;
+    let three = sem.acquire_many(3).await.unwrap();
+    assert_eq!(three.permits(), 3);
+    assert_eq!(zcard(&mut conn, "redlease:many").await, 3);
+    let err = sem.try_acquire_many(3).await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    assert_eq!(zcard(&mut conn, "redlease:many").await, 3, "none taken");
+    let two = sem.try_acquire_many(2).await.unwrap();
+    let status = sem.status().await.unwrap();
+    assert_eq!((status.limit, status.in_use, status.available), (5, 5, 0));
+    assert!(status.next_lapse.unwrap() > Duration::from_secs(25));
+
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire_many_timeout(4, Duration::from_secs(5)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    two.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "2 free permits are not 4");
+    three.release().await.unwrap();
+    let four = within(5.0, "4 permits", waiter).await.unwrap().unwrap();
+    assert_eq!(zcard(&mut conn, "redlease:many").await, 4);
+    let token = four.forget();
+    sem.release_token(&token, 4).await.unwrap();
+    assert!(sem.release_token(&token, 4).await.unwrap_err().is_not_held());
+    assert!(!exists(&mut conn, "redlease:many").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_limit_is_a_typed_error_while_permits_are_held() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let three = client.semaphore("limited", 3).unwrap();
+    let five = client.semaphore("limited", 5).unwrap();
+    let mut conn = raw(&server).await;
+    let permit = three.acquire().await.unwrap();
+    for result in [
+        five.try_acquire().await,
+        five.acquire_timeout(Duration::from_secs(1)).await,
+    ] {
+        match result.unwrap_err() {
+            redlease::Error::LimitMismatch {
+                name,
+                limit,
+                existing,
+            } => {
+                assert_eq!((name.as_str(), limit, existing), ("limited", 5, 3));
+            }
+            other => panic!("expected LimitMismatch, got {other:?}"),
+        }
+    }
+    let err = five.try_acquire().await.unwrap_err();
+    assert!(err.to_string().contains("limit of 3 permits, not 5"), "{err}");
+    assert_eq!(zcard(&mut conn, "redlease:limited").await, 1, "nothing changed");
+    assert_eq!(
+        five.status().await.unwrap().limit,
+        3,
+        "status shows the limit in force"
+    );
+    permit.release().await.unwrap();
+    assert!(!exists(&mut conn, "{redlease:limited}:limit").await);
+    // Idle now: the next acquisition's limit becomes the limit.
+    let permit = five.acquire().await.unwrap();
+    assert_eq!(
+        get(&mut conn, "{redlease:limited}:limit").await.as_deref(),
+        Some("5")
+    );
+    assert!(matches!(
+        three.try_acquire().await.unwrap_err(),
+        redlease::Error::LimitMismatch { existing: 5, .. }
+    ));
+    permit.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_before_anything_is_sent() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for limit in [0, redlease::MAX_PERMITS + 1, u32::MAX] {
+        let err = client.semaphore("bad", limit).unwrap_err();
+        assert!(err.is_invalid_input(), "{limit}: {err}");
+        assert!(err.to_string().contains("permit limit"), "{err}");
+    }
+    assert!(matches!(
+        client.semaphore("", 1).unwrap_err(),
+        redlease::Error::InvalidName { .. }
+    ));
+    assert!(
+        client
+            .semaphore_with("bad", 1, LeaseOptions::new().ttl(Duration::from_millis(5)))
+            .unwrap_err()
+            .is_invalid_input()
+    );
+    let sem = client.semaphore("bad", 3).unwrap();
+    for n in [0, 4, u32::MAX] {
+        let err = sem.try_acquire_many(n).await.unwrap_err();
+        assert!(err.is_invalid_input(), "{n}: {err}");
+        assert!(err.to_string().contains("number of permits"), "{err}");
+        assert!(sem.acquire_many(n).await.unwrap_err().is_invalid_input());
+        let token = Token::from_secret("t").unwrap();
+        assert!(sem.release_token(&token, n).await.unwrap_err().is_invalid_input());
+    }
+    let huge = client.semaphore("bad", 100_000).unwrap();
+    let err = huge
+        .try_acquire_many(redlease::MAX_PERMITS_PER_ACQUIRE + 1)
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err}");
+    let permit = huge
+        .try_acquire_many(redlease::MAX_PERMITS_PER_ACQUIRE)
+        .await
+        .unwrap();
+    assert_eq!(
+        zcard(&mut conn, "redlease:bad").await,
+        u64::from(redlease::MAX_PERMITS_PER_ACQUIRE)
+    );
+    permit.release().await.unwrap();
+    assert!(
+        all_keys(&mut conn).await.is_empty(),
+        "rejected calls wrote nothing"
+    );
+
+    // A key of another type: a clear error, nothing written.
+    let _: () = redis::cmd("SET")
+        .arg("redlease:typed")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = client
+        .semaphore("typed", 2)
+        .unwrap()
+        .try_acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
+    assert_eq!(all_keys(&mut conn).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_without_polling() {
+    let server = server();
+    let holder_client = client(&server.url()).await;
+    let waiter_client = client(&server.url()).await;
+    // 30 s leases: a waiter that polled on the permits' TTL would wait up to 30 s.
+    let holder = holder_client.semaphore("handoff", 2).unwrap();
+    let waiter = waiter_client.semaphore("handoff", 2).unwrap();
+    let mut latencies = Vec::new();
+    for _ in 0..20 {
+        let both = holder.acquire_many(2).await.unwrap();
+        let w = waiter.clone();
+        let task = tokio::spawn(async move {
+            let p = w.acquire().await.unwrap();
+            let at = Instant::now();
+            p.release().await.unwrap();
+            at
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let released = Instant::now();
+        both.release().await.unwrap();
+        let acquired = within(5.0, "woken by the release", task).await.unwrap();
+        latencies.push(acquired.saturating_duration_since(released));
+    }
+    latencies.sort();
+    let p50 = percentile(&latencies, 0.5);
+    eprintln!(
+        "semaphore hand-off p50 {p50:?} max {:?}",
+        latencies.last().unwrap()
+    );
+    assert!(p50 < Duration::from_millis(20), "hand-off p50 {p50:?}");
+    assert!(*latencies.last().unwrap() < Duration::from_millis(500));
+}
+
+/// One process waits for 2 permits and for 1; a single permit is freed. The waiter
+/// woken first needs 2, cannot use it, and must hand the wake-up to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_the_woken_waiter_cannot_use_is_passed_on() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("mixed", 2).unwrap();
+    let a = sem.acquire().await.unwrap();
+    let b = sem.acquire().await.unwrap();
+    let wants_two = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire_many_timeout(2, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let wants_one = tokio::spawn({
+        let sem = sem.clone();
+        async move {
+            let p = sem.acquire_timeout(Duration::from_secs(10)).await.unwrap();
+            (Instant::now(), p)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    a.release().await.unwrap();
+    let (acquired, one) = within(5.0, "the one-permit waiter is served", wants_one)
+        .await
+        .unwrap();
+    let took = acquired.duration_since(released);
+    assert!(
+        took < Duration::from_millis(300),
+        "the wake-up was swallowed: {took:?}"
+    );
+    assert!(!wants_two.is_finished());
+    one.release().await.unwrap();
+    b.release().await.unwrap();
+    let two = within(5.0, "the two-permit waiter", wants_two)
+        .await
+        .unwrap()
+        .unwrap();
+    two.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_renew_extend_and_report_loss() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let ttl = Duration::from_millis(300);
+    let sem = client
+        .semaphore_with("leased", 2, LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let mut conn = raw(&server).await;
+    let permit = sem.acquire_many(2).await.unwrap();
+    tokio::time::sleep(ttl * 4).await;
+    assert!(permit.is_held(), "renewal keeps the permits");
+    assert!(sem.try_acquire().await.unwrap_err().is_contended());
+    let keys = all_keys(&mut conn).await;
+    assert_eq!(
+        keys.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["redlease:leased", "{redlease:leased}:limit"]
+    );
+    assert!(keys.iter().all(|(_, t)| *t > 0 && *t <= 300), "{keys:?}");
+    permit.extend(Duration::from_secs(60)).await.unwrap();
+    assert!(pttl(&mut conn, "redlease:leased").await > 55_000);
+    assert!(pttl(&mut conn, "{redlease:leased}:limit").await > 55_000);
+    permit.extend(ttl).await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("redlease:leased")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(within(2.0, "lost()", permit.lost()).await, LostReason::Gone);
+    assert!(permit.release().await.unwrap_err().is_not_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_or_dropped_acquisitions_leave_nothing() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let sem = client.semaphore("cancelled", 1).unwrap();
+    let mut conn = raw(&server).await;
+    let holder = sem.acquire().await.unwrap();
+    let waiter = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    // Dropping the permit gives it back in the background.
+    drop(holder);
+    eventually(2.0, "background release", || {
+        let mut conn = conn.clone();
+        async move { all_keys(&mut conn).await.is_empty() }
+    })
+    .await;
+    for delay_us in [0u64, 20, 50, 100, 200, 400, 800, 1600] {
+        let _ = tokio::time::timeout(Duration::from_micros(delay_us), sem.acquire_many(1)).await;
+        eventually(2.0, "no orphan after cancellation", || {
+            let mut conn = conn.clone();
+            async move { all_keys(&mut conn).await.is_empty() }
+        })
+        .await;
+    }
+    let _ = &mut conn;
+}
+
+/// Seed 002 for permits: the acquire lands, its reply is held past the client's
+/// timeout; the retry must report the permits it holds, and hold them only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquire_reports_the_permits_it_already_took() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(3)).await;
+    let sem = client.semaphore("retried", 3).unwrap();
+    let mut conn = raw(&server).await;
+
+    proxy.hold_replies();
+    let attempt = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.try_acquire_many(3).await }
+    });
+    eventually(2.0, "the permits are written", || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, "redlease:retried").await }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    proxy.release_replies();
+    let permit = within(5.0, "try_acquire_many returns", attempt)
+        .await
+        .unwrap()
+        .expect("the retry finds its own permits, although none are free now");
+    assert_eq!(zcard(&mut conn, "redlease:retried").await, 3, "held once");
+    permit.release().await.unwrap();
+    assert!(!exists(&mut conn, "redlease:retried").await);
+
+    // When the reply never comes back in time, the permits are returned in the background.
+    let hasty = impatient_client(
+        &proxy.url(),
+        Duration::from_millis(150),
+        Duration::from_millis(400),
+    )
+    .await;
+    let sem = hasty.semaphore("retried", 3).unwrap();
+    proxy.hold_replies();
+    let attempt = tokio::spawn(async move { sem.try_acquire().await });
+    // It lands while its reply is held. (Observed before the attempt gives up: the
+    // clean-up request it sends then is not held, only its reply.)
+    eventually(2.0, "the permit is written", || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, "redlease:retried").await }
+    })
+    .await;
+    let err = within(5.0, "gives up", attempt).await.unwrap().unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    proxy.release_replies();
+    eventually(5.0, "the orphan permit is released", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:retried").await }
+    })
+    .await;
+}
