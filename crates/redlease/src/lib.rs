@@ -65,6 +65,7 @@
 
 #![warn(missing_docs)]
 
+mod acl;
 mod client;
 mod conn;
 mod error;
@@ -72,11 +73,15 @@ mod keys;
 mod lease;
 mod mutex;
 mod notify;
+mod redlock;
 mod renewer;
 mod scripts;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 mod wait;
 
+pub use acl::acl_rules;
 pub use client::{
     Client, ClientBuilder, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW,
     DEFAULT_TTL, LeaseOptions,
@@ -86,4 +91,7 @@ pub use error::{Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
+#[cfg(feature = "tls")]
+pub use tls::TlsOptions;
 pub use token::{FencingToken, Token};

@@ -79,10 +79,17 @@ script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
 script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
+script!(REDLOCK_ACQUIRE, "redlock_acquire");
 
 /// Every script, for preloading.
-pub(crate) fn all() -> [&'static LuaScript; 4] {
-    [&MUTEX_ACQUIRE, &MUTEX_EXTEND, &MUTEX_RELEASE, &MUTEX_STATUS]
+pub(crate) fn all() -> [&'static LuaScript; 5] {
+    [
+        &MUTEX_ACQUIRE,
+        &MUTEX_EXTEND,
+        &MUTEX_RELEASE,
+        &MUTEX_STATUS,
+        &REDLOCK_ACQUIRE,
+    ]
 }
 
 /// Loads every script into the server's cache in one round trip, so that the first
