@@ -9,11 +9,16 @@
 //!   redis-py, node-redlock and redsync use.
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
+//! - [`Redlock`] / [`RedlockMutex`] / [`RedlockGuard`]: a quorum lock over N
+//!   independent masters (antirez's Redlock): survives a minority of masters down,
+//!   assumes bounded clock drift, and gives no fencing token (see [`Redlock`] for why).
+//! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
+//! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
 //! - [`Error`]: one error type; messages name the lock.
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
-//! primitives (`mutex`) → this page.
+//! primitives (`mutex`, `redlock`) → this page.
 //!
 //! # Example
 //!

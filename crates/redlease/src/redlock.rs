@@ -67,8 +67,8 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// Unlike [`Mutex`](crate::Mutex), a Redlock guard has no fencing token, on purpose.
 /// A fencing token must rise strictly from one holder to the next, and nothing in
 /// Redlock orders holders: each master can count only its own acquisitions, the
-/// majorities of two successive holders share just one master, and which master that
-/// is differs from pair to pair — so no combination of per-master counters (their
+/// majorities of two successive holders may share a single master, and which master
+/// that is differs from pair to pair — so no combination of per-master counters (their
 /// maximum, their sum) is guaranteed to rise, least of all after a master restarted
 /// empty. Counters seeded from clocks would need exactly the clock synchronisation a
 /// fencing token is meant to make unnecessary. This is Martin Kleppmann's argument in
@@ -153,7 +153,9 @@ impl Redlock {
     /// back. Build the `redis::Client`s with [`TlsOptions::redis_client`](crate::TlsOptions::redis_client)
     /// for TLS.
     ///
-    /// Returns once every master was tried once (at most the 2 s connect timeout).
+    /// Returns once every master was tried once: at once for masters that answer or
+    /// refuse the connection, after up to twice the 2 s connect timeout for one that
+    /// does not answer at all.
     ///
     /// # Errors
     ///
@@ -1086,7 +1088,9 @@ impl RedlockGuard {
     /// # Errors
     ///
     /// [`Error::NotHeld`] when the lease had already been lost (expired or taken over)
-    /// — the protected work may have overlapped another holder's.
+    /// and a majority no longer held the token — the protected work may have
+    /// overlapped another holder's. (A lease that ran out on the client while a
+    /// majority kept the token was never lost on the servers: that release is `Ok`.)
     pub async fn release(mut self) -> Result<()> {
         let token = self
             .token

@@ -1,5 +1,6 @@
 //! TLS against real TLS-only redis-servers: a custom CA, mutual TLS, and the clear
 //! failures — no client certificate, the wrong CA, plain TCP to a TLS port.
+#![cfg(feature = "tls")]
 
 mod common;
 
@@ -108,6 +109,10 @@ async fn wrong_ca_and_wrong_protocol_fail_clearly_and_quickly() {
     let msg = error_chain(&err);
     assert!(msg.contains("cannot connect to redis at 127.0.0.1:"), "{msg}");
     assert!(
+        msg.contains("if the server requires TLS, use a rediss:// url"),
+        "{msg}"
+    );
+    assert!(
         took < Duration::from_secs(5),
         "plain TCP to a TLS port took {took:?}"
     );
@@ -121,6 +126,10 @@ async fn wrong_ca_and_wrong_protocol_fail_clearly_and_quickly() {
         .unwrap_err();
     let msg = error_chain(&err);
     assert!(msg.contains("cannot connect to redis"), "{msg}");
+    assert!(
+        msg.contains("if the server does not speak TLS, use a redis:// url"),
+        "{msg}"
+    );
     assert!(t.elapsed() < Duration::from_secs(5));
     println!("TLS to a plain port: {msg}");
 
