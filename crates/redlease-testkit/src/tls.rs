@@ -34,29 +34,36 @@ impl TlsFiles {
             client_cert: dir.join("client.crt"),
             client_key: dir.join("client.key"),
         };
-        let ca_key = dir.join("ca.key");
-        openssl(&[
-            "req".as_ref(),
-            "-x509".as_ref(),
-            "-newkey".as_ref(),
-            "ec".as_ref(),
-            "-pkeyopt".as_ref(),
-            "ec_paramgen_curve:prime256v1".as_ref(),
-            "-nodes".as_ref(),
-            "-days".as_ref(),
-            "2".as_ref(),
-            "-subj".as_ref(),
-            "/CN=redlease-test-ca".as_ref(),
-            "-addext".as_ref(),
-            "basicConstraints=critical,CA:TRUE".as_ref(),
-            "-addext".as_ref(),
-            "keyUsage=critical,keyCertSign,cRLSign".as_ref(),
-            "-keyout".as_ref(),
-            ca_key.as_os_str(),
-            "-out".as_ref(),
-            files.ca_cert.as_os_str(),
-        ])?;
-        let ext = dir.join("leaf.ext");
+        let path = |p: &Path| p.display().to_string();
+        let (ca_cert, ca_key, ext) = (
+            path(&files.ca_cert),
+            path(&dir.join("ca.key")),
+            path(&dir.join("leaf.ext")),
+        );
+        let p256 = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let ca = [
+            "-subj",
+            "/CN=redlease-test-ca",
+            "-days",
+            "2",
+            "-keyout",
+            &ca_key,
+            "-out",
+            &ca_cert,
+        ];
+        let ca_ext = [
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ];
+        openssl(&[&["req", "-x509"][..], &p256, &ca, &ca_ext].concat())?;
         std::fs::write(
             &ext,
             "subjectAltName=IP:127.0.0.1,DNS:localhost\n\
@@ -65,56 +72,39 @@ impl TlsFiles {
              extendedKeyUsage=serverAuth,clientAuth\n",
         )
         .map_err(|e| KitError::Io("write certificate extensions", e))?;
-        for (name, cn, cert, key, serial) in [
-            ("server", "localhost", &files.server_cert, &files.server_key, "2"),
-            (
-                "client",
-                "redlease-test-client",
-                &files.client_cert,
-                &files.client_key,
-                "3",
-            ),
-        ] {
-            let csr = dir.join(format!("{name}.csr"));
+        let leaves = [
+            ("localhost", &files.server_cert, &files.server_key, "2"),
+            ("redlease-test-client", &files.client_cert, &files.client_key, "3"),
+        ];
+        for (cn, cert, key, serial) in leaves {
+            let (cert, key, csr) = (path(cert), path(key), path(&key.with_extension("csr")));
+            let subject = format!("/CN={cn}");
+            let request = ["-subj", &subject, "-keyout", &key, "-out", &csr];
+            openssl(&[&["req", "-new"][..], &p256, &request].concat())?;
             openssl(&[
-                "req".as_ref(),
-                "-new".as_ref(),
-                "-newkey".as_ref(),
-                "ec".as_ref(),
-                "-pkeyopt".as_ref(),
-                "ec_paramgen_curve:prime256v1".as_ref(),
-                "-nodes".as_ref(),
-                "-subj".as_ref(),
-                format!("/CN={cn}").as_ref(),
-                "-keyout".as_ref(),
-                key.as_os_str(),
-                "-out".as_ref(),
-                csr.as_os_str(),
-            ])?;
-            openssl(&[
-                "x509".as_ref(),
-                "-req".as_ref(),
-                "-in".as_ref(),
-                csr.as_os_str(),
-                "-CA".as_ref(),
-                files.ca_cert.as_os_str(),
-                "-CAkey".as_ref(),
-                ca_key.as_os_str(),
-                "-set_serial".as_ref(),
-                serial.as_ref(),
-                "-days".as_ref(),
-                "2".as_ref(),
-                "-extfile".as_ref(),
-                ext.as_os_str(),
-                "-out".as_ref(),
-                cert.as_os_str(),
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_cert,
+                "-CAkey",
+                &ca_key,
+                "-set_serial",
+                serial,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &cert,
             ])?;
         }
         Ok(files)
     }
 }
 
-fn openssl(args: &[&std::ffi::OsStr]) -> Result<(), KitError> {
+fn openssl(args: &[&str]) -> Result<(), KitError> {
     let output = Command::new("openssl")
         .args(args)
         .output()
@@ -122,7 +112,7 @@ fn openssl(args: &[&std::ffi::OsStr]) -> Result<(), KitError> {
     if !output.status.success() {
         return Err(KitError::Tls(format!(
             "openssl {} failed ({}): {}",
-            args.first().map(|a| a.to_string_lossy()).unwrap_or_default(),
+            args.join(" "),
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()
         )));
