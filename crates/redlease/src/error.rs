@@ -97,8 +97,9 @@ pub enum Error {
     },
 
     /// A [`Redlock`](crate::Redlock) operation could not reach a majority of its
-    /// masters: too many were down, too slow, or refused the request. Nothing is held:
-    /// whatever was taken on the masters that answered was released again.
+    /// masters: too many were down, too slow, or refused the request. After an
+    /// acquire nothing is held (whatever was taken was released again); after an
+    /// extend the lease is unchanged.
     #[error(
         "lock {name:?} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}",
         source.as_ref().map(|e| format!(" (first failure: {e})")).unwrap_or_default()
@@ -106,7 +107,7 @@ pub enum Error {
     NoQuorum {
         /// The lock's name.
         name: String,
-        /// The operation: "acquire", "extend", "release".
+        /// The operation: "acquire" or "extend".
         op: &'static str,
         /// How many masters the Redlock has.
         nodes: usize,
