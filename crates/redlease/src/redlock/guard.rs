@@ -80,7 +80,7 @@ pub(super) async fn renew_loop(
 /// and one that cannot reach a majority before `valid_until` ends it with
 /// [`LostReason::Expired`]. Either way the remaining keys are released at once.
 ///
-/// There is no fencing token: see [`Redlock`] for why.
+/// There is no fencing token: see [`Redlock`](crate::Redlock) for why.
 ///
 /// # Drop
 ///
