@@ -3,6 +3,8 @@
 //! - [`RedisServer`]: one `redis-server` child process on `127.0.0.1` with its own temp
 //!   dir and a port no parallel test can take; `stop` / `restart` / `pause` / `resume`
 //!   for fault tests; killed and reaped on drop; its log printed when the test panics.
+//!   [`ServerBuilder::tls`] makes it a TLS-only server with throwaway certificates
+//!   ([`TlsFiles`], made with the `openssl` command).
 //! - [`Proxy`]: a loopback TCP proxy that holds replies back, delays traffic, cuts
 //!   connections or refuses new ones.
 //!
@@ -11,9 +13,11 @@
 
 mod proxy;
 mod server;
+mod tls;
 
 pub use proxy::Proxy;
 pub use server::{Persistence, RedisServer, ServerBuilder, free_port, redis_server_bin};
+pub use tls::TlsFiles;
 
 /// Why the kit could not provide a server.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,12 @@ pub enum KitError {
         /// The server's log.
         log: String,
     },
+    /// Certificates for a TLS server could not be generated.
+    #[error(
+        "cannot generate TLS certificates: {0}\n\
+         The test kit needs the `openssl` command: `sudo apt-get install -y openssl`"
+    )]
+    Tls(String),
     /// A filesystem or process operation failed.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

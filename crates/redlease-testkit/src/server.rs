@@ -15,6 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::KitError;
+use crate::tls::TlsFiles;
 
 /// How long a server may take to say "Ready to accept connections".
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -39,6 +40,8 @@ pub struct ServerBuilder {
     persistence: Persistence,
     args: Vec<(String, String)>,
     port: Option<u16>,
+    /// `Some(auth_clients)`: a TLS-only server.
+    tls: Option<bool>,
 }
 
 impl ServerBuilder {
@@ -51,6 +54,14 @@ impl ServerBuilder {
     /// Adds a configuration directive, as `--name value` on the command line.
     pub fn arg(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.args.push((name.into(), value.into()));
+        self
+    }
+
+    /// Serves TLS only (`--port 0 --tls-port <port>`), with certificates generated for
+    /// this server (see [`RedisServer::tls`]). With `auth_clients`, the server refuses
+    /// clients that present no certificate signed by its CA (`--tls-auth-clients yes`).
+    pub fn tls(mut self, auth_clients: bool) -> Self {
+        self.tls = Some(auth_clients);
         self
     }
 
@@ -69,12 +80,17 @@ impl ServerBuilder {
                 .prefix("redlease-redis-")
                 .tempdir()
                 .map_err(|e| KitError::Io("create temp dir", e))?;
+            let tls = match self.tls {
+                Some(_) => Some(TlsFiles::generate(dir.path())?),
+                None => None,
+            };
             let mut server = RedisServer {
                 bin: bin.clone(),
                 dir,
                 port: self.port.unwrap_or_else(free_port),
                 builder: self.clone(),
                 child: None,
+                tls,
             };
             match server.spawn() {
                 Ok(()) => return Ok(server),
@@ -97,6 +113,7 @@ pub struct RedisServer {
     port: u16,
     builder: ServerBuilder,
     child: Option<Child>,
+    tls: Option<TlsFiles>,
 }
 
 impl RedisServer {
@@ -120,12 +137,20 @@ impl RedisServer {
         std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>`, or `rediss://...` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
-    /// A redis-rs client for this server.
+    /// The certificates of a TLS server (see [`ServerBuilder::tls`]); `None` for a
+    /// plain one.
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// A redis-rs client for this server (plain TCP servers only: a client of a TLS
+    /// server needs the CA in [`tls`](Self::tls)).
     pub fn client(&self) -> redis::Client {
         redis::Client::open(self.url()).expect("a loopback url is valid")
     }
@@ -201,9 +226,27 @@ impl RedisServer {
 
     fn command_line(&self) -> Vec<String> {
         let dir = self.dir.path().display().to_string();
-        let mut args: Vec<String> = vec![
-            "--port".into(),
-            self.port.to_string(),
+        let mut args: Vec<String> = match (&self.tls, self.builder.tls) {
+            (Some(files), Some(auth_clients)) => {
+                let path = |p: &Path| p.display().to_string();
+                vec![
+                    "--port".into(),
+                    "0".into(),
+                    "--tls-port".into(),
+                    self.port.to_string(),
+                    "--tls-cert-file".into(),
+                    path(&files.server_cert),
+                    "--tls-key-file".into(),
+                    path(&files.server_key),
+                    "--tls-ca-cert-file".into(),
+                    path(&files.ca_cert),
+                    "--tls-auth-clients".into(),
+                    if auth_clients { "yes" } else { "no" }.into(),
+                ]
+            }
+            _ => vec!["--port".into(), self.port.to_string()],
+        };
+        args.extend([
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
@@ -216,7 +259,7 @@ impl RedisServer {
             String::new(),
             "--enable-debug-command".into(),
             "local".into(),
-        ];
+        ]);
         match self.builder.persistence {
             Persistence::None => args.extend(["--appendonly".into(), "no".into()]),
             Persistence::AofAlways => args.extend([

@@ -122,6 +122,8 @@ impl Client {
     ///
     /// [`Error::Config`] when the URL is invalid or the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Client> {
+        #[cfg(feature = "tls")]
+        crate::tls::install_crypto_provider();
         let redis = redis::Client::open(url).map_err(|e| Error::Config {
             reason: format!("invalid redis url {url:?}"),
             source: Some(e),
@@ -354,8 +356,9 @@ impl ClientBuilder {
                     .await
                     .map_err(|e| Error::Config {
                         reason: format!(
-                            "cannot connect to redis at {}",
-                            self.redis.get_connection_info().addr()
+                            "cannot connect to redis at {}{}",
+                            self.redis.get_connection_info().addr(),
+                            tls_hint(&self.redis, &e)
                         ),
                         source: Some(e),
                     })?;
@@ -394,4 +397,21 @@ fn default_label() -> String {
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "unknown-host".to_owned());
     format!("{host}:{}", std::process::id())
+}
+
+/// A hint for the classic mix-up of plain TCP and TLS, whose symptoms are a reset
+/// connection (plain client, TLS server) or a handshake that never completes (TLS
+/// client, plain server).
+fn tls_hint(redis: &redis::Client, err: &redis::RedisError) -> &'static str {
+    let tls = matches!(
+        redis.get_connection_info().addr(),
+        redis::ConnectionAddr::TcpTls { .. }
+    );
+    if tls && err.is_timeout() {
+        "; if the server does not speak TLS, use a redis:// url"
+    } else if !tls && err.is_connection_dropped() && !err.is_connection_refusal() {
+        "; if the server requires TLS, use a rediss:// url"
+    } else {
+        ""
+    }
 }

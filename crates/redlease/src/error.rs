@@ -156,6 +156,29 @@ pub enum Error {
         replies: Vec<redis::Value>,
     },
 
+    /// A [`Redlock`](crate::Redlock) operation could not reach a majority of its
+    /// masters: too many were down, too slow, or refused the request. After an
+    /// acquire nothing is held (whatever was taken was released again); after an
+    /// extend the lease is unchanged.
+    #[error(
+        "lock {name:?} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}",
+        source.as_ref().map(|e| format!(" (first failure: {e})")).unwrap_or_default()
+    )]
+    NoQuorum {
+        /// The lock's name.
+        name: String,
+        /// The operation: "acquire" or "extend".
+        op: &'static str,
+        /// How many masters the Redlock has.
+        nodes: usize,
+        /// How many must agree: a majority.
+        quorum: usize,
+        /// How many answered in time (an error reply counts as no answer).
+        reachable: usize,
+        /// The first failure, when one was reported.
+        source: Option<RedisError>,
+    },
+
     /// The client could not be set up.
     #[error("cannot set up redlease: {reason}")]
     Config {
@@ -196,13 +219,15 @@ impl Error {
         )
     }
 
-    /// Redis could not be reached or did not answer in time; retrying later may work.
+    /// Redis could not be reached or did not answer in time (for a Redlock: a majority
+    /// of its masters); retrying later may work.
     pub fn is_unavailable(&self) -> bool {
         match self {
             Error::Redis { source, .. } => is_transient(source),
             Error::Config {
                 source: Some(source), ..
             } => is_transient(source),
+            Error::NoQuorum { .. } => true,
             _ => false,
         }
     }
@@ -219,7 +244,8 @@ impl Error {
             | Error::LimitMismatch { name, .. }
             | Error::WrongType { name, .. }
             | Error::ReadOnly { name }
-            | Error::Redis { name, .. } => Some(name),
+            | Error::Redis { name, .. }
+            | Error::NoQuorum { name, .. } => Some(name),
             Error::Config { .. }
             | Error::TooMuchContention { .. }
             | Error::TransactionRejected { .. }

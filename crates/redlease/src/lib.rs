@@ -18,11 +18,17 @@
 //!   retry, and a server-side compare-and-set, with measurements of when each wins.
 //! - [`LegacyLock`]: an interop mode that takes part in old `SETNX`/`GETSET`
 //!   timestamp locks beside unmodified old clients (weaker guarantees; never the default).
+//! - [`Redlock`] / [`RedlockMutex`] / [`RedlockGuard`]: a quorum lock over N
+//!   independent masters (antirez's Redlock): survives a minority of masters down,
+//!   assumes bounded clock drift, and gives no fencing token (see [`Redlock`] for why).
+//! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
+//! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
 //! - [`Error`]: one error type; messages name the lock.
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
-//! primitives (`mutex`, `fair`, `rwlock`, `semaphore`, sharing `held`) → this page.
+//! primitives (`mutex`, `fair`, `rwlock`, `semaphore`, sharing `held`; `redlock`) → this
+//! page.
 //!
 //! # Example
 //!
@@ -74,6 +80,7 @@
 
 #![warn(missing_docs)]
 
+mod acl;
 mod client;
 mod conn;
 mod error;
@@ -85,13 +92,17 @@ mod legacy;
 mod mutex;
 mod notify;
 pub mod optimistic;
+mod redlock;
 mod renewer;
 mod rwlock;
 mod scripts;
 mod semaphore;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 mod wait;
 
+pub use acl::acl_rules;
 pub use client::{
     Client, ClientBuilder, ClientStats, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION,
     DEFAULT_RETRY_WINDOW, DEFAULT_TTL, LeaseOptions,
@@ -103,6 +114,9 @@ pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
 pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, SemaphoreStatus};
+#[cfg(feature = "tls")]
+pub use tls::TlsOptions;
 pub use token::{FencingToken, Token};

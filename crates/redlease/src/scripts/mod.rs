@@ -113,6 +113,8 @@ script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
 script!(SEM_RELEASE, "sem_release", [EXPIRY]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
+script!(REDLOCK_ACQUIRE, "redlock_acquire");
+
 /// Every script, for preloading.
 pub(crate) fn all() -> Vec<&'static LuaScript> {
     vec![
@@ -140,6 +142,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_EXTEND,
         &SEM_RELEASE,
         &SEM_STATUS,
+        &REDLOCK_ACQUIRE,
     ]
 }
 
