@@ -25,6 +25,8 @@ pub enum Contender {
     Rslock,
     #[serde(rename = "rslock-10ms")]
     Rslock10ms,
+    #[serde(rename = "redlease-fair")]
+    RedleaseFair,
 }
 
 impl Contender {
@@ -41,11 +43,15 @@ impl Contender {
             Contender::Redlease => "redlease",
             Contender::Rslock => "rslock",
             Contender::Rslock10ms => "rslock-10ms",
+            Contender::RedleaseFair => "redlease-fair",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain([Contender::RedleaseFair])
+            .find(|c| c.name() == s)
     }
 }
 
@@ -61,6 +67,7 @@ pub enum Locker {
         extend: redis::Script,
     },
     Redlease(redlease::Client),
+    RedleaseFair(redlease::Client),
     Rslock(rslock::LockManager),
 }
 
@@ -68,6 +75,7 @@ pub enum Locker {
 pub enum Held {
     Raw { key: String, token: String },
     Redlease(redlease::MutexGuard),
+    RedleaseFair(redlease::FairMutexGuard),
     Rslock(rslock::Lock),
 }
 
@@ -83,10 +91,14 @@ impl Locker {
                     extend: redis::Script::new(EXTEND),
                 }
             }
-            Contender::Redlease => {
+            Contender::Redlease | Contender::RedleaseFair => {
                 let client = redis::Client::open(url).expect("redis url");
                 let redlease = redlease::Client::builder(client).build().await.expect("connect");
-                Locker::Redlease(redlease)
+                if contender == Contender::RedleaseFair {
+                    Locker::RedleaseFair(redlease)
+                } else {
+                    Locker::Redlease(redlease)
+                }
             }
             Contender::Rslock | Contender::Rslock10ms => {
                 let mut mgr = rslock::LockManager::new(vec![url.to_owned()]);
@@ -129,6 +141,12 @@ impl Locker {
                     .expect("valid name");
                 Held::Redlease(mutex.lock().await.expect("lock"))
             }
+            Locker::RedleaseFair(client) => {
+                let mutex = client
+                    .fair_mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
+                    .expect("valid name");
+                Held::RedleaseFair(mutex.lock().await.expect("lock"))
+            }
             Locker::Rslock(mgr) => Held::Rslock(mgr.acquire_no_guard(name, ttl).await.expect("acquire")),
         }
     }
@@ -146,6 +164,7 @@ impl Locker {
                     .expect("unlock");
             }
             (Locker::Redlease(_), Held::Redlease(guard)) => guard.release().await.expect("release"),
+            (Locker::RedleaseFair(_), Held::RedleaseFair(guard)) => guard.release().await.expect("release"),
             (Locker::Rslock(mgr), Held::Rslock(lock)) => mgr.unlock(&lock).await,
             _ => unreachable!("a lock is released by the contender that took it"),
         }
@@ -177,4 +196,97 @@ fn rand_u128() -> u128 {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).expect("OS random source");
     u128::from_le_bytes(b)
+}
+
+const SEM_ACQUIRE: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// A counting semaphore of one contender: the classic Redis sorted-set semaphore
+/// (expiring members, spin-polled) as the floor, or redlease's `Semaphore`.
+pub enum Permitter {
+    Raw {
+        conn: MultiplexedConnection,
+        acquire: redis::Script,
+    },
+    Redlease(redlease::Client),
+}
+
+pub enum PermitHeld {
+    Raw { key: String, member: String },
+    Redlease(redlease::Permit),
+}
+
+impl Permitter {
+    pub async fn connect(contender: Contender, url: &str) -> Option<Permitter> {
+        let client = redis::Client::open(url).expect("redis url");
+        match contender {
+            Contender::Raw => Some(Permitter::Raw {
+                conn: client.get_multiplexed_async_connection().await.expect("connect"),
+                acquire: redis::Script::new(SEM_ACQUIRE),
+            }),
+            Contender::Redlease => Some(Permitter::Redlease(
+                redlease::Client::builder(client).build().await.expect("connect"),
+            )),
+            _ => None,
+        }
+    }
+
+    pub async fn acquire(&self, name: &str, limit: u32, ttl: Duration) -> PermitHeld {
+        match self {
+            Permitter::Raw { conn, acquire } => {
+                let member = format!("{:032x}", rand_u128());
+                let mut conn = conn.clone();
+                loop {
+                    let got: i64 = acquire
+                        .key(name)
+                        .arg(limit)
+                        .arg(ttl.as_millis() as u64)
+                        .arg(&member)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("acquire");
+                    if got == 1 {
+                        return PermitHeld::Raw {
+                            key: name.to_owned(),
+                            member,
+                        };
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+            Permitter::Redlease(client) => {
+                let sem = client
+                    .semaphore_with(name, limit, redlease::LeaseOptions::new().ttl(ttl))
+                    .expect("semaphore");
+                PermitHeld::Redlease(sem.acquire().await.expect("acquire"))
+            }
+        }
+    }
+
+    pub async fn release(&self, held: PermitHeld) {
+        match (self, held) {
+            (Permitter::Raw { conn, .. }, PermitHeld::Raw { key, member }) => {
+                let mut conn = conn.clone();
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(key)
+                    .arg(member)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ZREM");
+            }
+            (Permitter::Redlease(_), PermitHeld::Redlease(permit)) => {
+                permit.release().await.expect("release")
+            }
+            _ => unreachable!("a permit is released by the contender that took it"),
+        }
+    }
 }

@@ -55,12 +55,14 @@ enum Worker {
     Worker { spec: String },
 }
 
-const SCENARIOS: [&str; 5] = [
+const SCENARIOS: [&str; 7] = [
     "uncontended-sequential",
     "uncontended-parallel-64",
     "contended-1key-16",
     "handoff-latency",
     "renewal-10k",
+    "fair-vs-unfair",
+    "semaphore",
 ];
 
 fn main() -> ExitCode {
@@ -143,6 +145,8 @@ async fn run(args: Args) -> Result<(), String> {
             "contended-1key-16" => scenarios::contended(&url, &contenders, plan).await,
             "handoff-latency" => scenarios::handoff(&url, &contenders, plan, rtt).await,
             "renewal-10k" => scenarios::renewal(&url, &contenders, plan).await,
+            "fair-vs-unfair" => scenarios::fair_vs_unfair(&url, plan).await,
+            "semaphore" => scenarios::semaphore(&url, &contenders, plan).await,
             _ => unreachable!(),
         };
         print_outcome(&outcome);

@@ -26,6 +26,7 @@ fn color(contender: &str) -> RGBColor {
         "raw-redis" => COLORS[0],
         "redlease" => COLORS[1],
         "rslock" => COLORS[2],
+        "redlease-fair" => RGBColor(240, 140, 40),
         _ => COLORS[3],
     }
 }

@@ -157,7 +157,41 @@ pub async fn uncontended_parallel(url: &str, contenders: &[Contender], plan: Pla
 /// 16 tasks in 2 OS processes (8 each, one client per process) contend for one name
 /// with zero hold time. Also reports Redis commands per successful acquisition.
 pub async fn contended(url: &str, contenders: &[Contender], plan: Plan) -> Outcome {
-    let mut out = Outcome::new("contended-1key-16", "acquisitions/s", true);
+    contention("contended-1key-16", url, contenders, plan, None).await
+}
+
+/// The plain mutex against the fair one, in the contended set-up: what FIFO order
+/// costs in throughput and buys in fairness and tail latency.
+pub async fn fair_vs_unfair(url: &str, plan: Plan) -> Outcome {
+    contention(
+        "fair-vs-unfair",
+        url,
+        &[Contender::Redlease, Contender::RedleaseFair],
+        plan,
+        None,
+    )
+    .await
+}
+
+/// 16 tasks in 2 processes share a 4-permit semaphore with zero hold time: the classic
+/// spin-polled sorted-set semaphore against redlease's.
+pub async fn semaphore(url: &str, contenders: &[Contender], plan: Plan) -> Outcome {
+    let contenders: Vec<Contender> = contenders
+        .iter()
+        .copied()
+        .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
+        .collect();
+    contention("semaphore", url, &contenders, plan, Some(4)).await
+}
+
+async fn contention(
+    scenario: &str,
+    url: &str,
+    contenders: &[Contender],
+    plan: Plan,
+    permits: Option<u32>,
+) -> Outcome {
+    let mut out = Outcome::new(scenario, "acquisitions/s", true);
     let mut commands: BTreeMap<Contender, Vec<f64>> = BTreeMap::new();
     let mut waits: BTreeMap<Contender, Vec<f64>> = BTreeMap::new();
     let mut jain: BTreeMap<Contender, Vec<f64>> = BTreeMap::new();
@@ -165,15 +199,27 @@ pub async fn contended(url: &str, contenders: &[Contender], plan: Plan) -> Outco
     let id = run_id();
     for r in 0..plan.rounds {
         for c in order(contenders, r) {
-            let name = format!("bench:contended:{id}:{}:{r}", c.name());
+            let name = format!("bench:{scenario}:{id}:{}:{r}", c.name());
             let start = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64 + 700;
-            let job = Job::Contended {
-                contender: c,
-                url: url.into(),
-                name,
-                tasks: 8,
-                start_unix_ms: start,
-                duration_ms: plan.round.as_millis() as u64,
+            let duration_ms = plan.round.as_millis() as u64;
+            let job = match permits {
+                None => Job::Contended {
+                    contender: c,
+                    url: url.into(),
+                    name,
+                    tasks: 8,
+                    start_unix_ms: start,
+                    duration_ms,
+                },
+                Some(limit) => Job::Semaphore {
+                    contender: c,
+                    url: url.into(),
+                    name,
+                    limit,
+                    tasks: 8,
+                    start_unix_ms: start,
+                    duration_ms,
+                },
             };
             let before = total_commands(url).await;
             let reports = run_workers(&[job.clone(), job]).await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::contenders::{Contender, Held, Locker};
+use crate::contenders::{Contender, Held, Locker, Permitter};
 use crate::measure;
 
 /// What a worker process is asked to do.
@@ -23,6 +23,17 @@ pub enum Job {
         contender: Contender,
         url: String,
         name: String,
+        tasks: usize,
+        start_unix_ms: u64,
+        duration_ms: u64,
+    },
+    /// `tasks` tasks on one client loop acquire/release of one permit of the `limit`-permit
+    /// semaphore `name` with zero hold time.
+    Semaphore {
+        contender: Contender,
+        url: String,
+        name: String,
+        limit: u32,
         tasks: usize,
         start_unix_ms: u64,
         duration_ms: u64,
@@ -62,6 +73,15 @@ pub async fn run(job: Job) -> Report {
             start_unix_ms,
             duration_ms,
         } => contended(contender, &url, &name, tasks, start_unix_ms, duration_ms).await,
+        Job::Semaphore {
+            contender,
+            url,
+            name,
+            limit,
+            tasks,
+            start_unix_ms,
+            duration_ms,
+        } => semaphore(contender, &url, &name, limit, tasks, start_unix_ms, duration_ms).await,
         Job::Renewal {
             contender,
             url,
@@ -100,6 +120,53 @@ async fn contended(
                     }
                 }
                 locker.unlock(held).await;
+            }
+            (count, waits)
+        }));
+    }
+    let mut report = Report::default();
+    for h in handles {
+        let (count, waits) = h.await.expect("task");
+        report.acquisitions += count;
+        report.per_task.push(count);
+        report.waits_us.extend(waits);
+    }
+    report
+}
+
+async fn semaphore(
+    contender: Contender,
+    url: &str,
+    name: &str,
+    limit: u32,
+    tasks: usize,
+    start_unix_ms: u64,
+    duration_ms: u64,
+) -> Report {
+    let permitter = Arc::new(
+        Permitter::connect(contender, url)
+            .await
+            .expect("a semaphore contender"),
+    );
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(start_unix_ms.saturating_sub(now_ms))).await;
+    let deadline = Instant::now() + Duration::from_millis(duration_ms);
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (permitter, name) = (permitter.clone(), name.to_owned());
+        handles.push(tokio::spawn(async move {
+            let mut count = 0u64;
+            let mut waits = Vec::new();
+            while Instant::now() < deadline {
+                let asked = Instant::now();
+                let held = permitter.acquire(&name, limit, Duration::from_secs(10)).await;
+                if Instant::now() < deadline {
+                    count += 1;
+                    if waits.len() < 20_000 {
+                        waits.push(asked.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                permitter.release(held).await;
             }
             (count, waits)
         }));
