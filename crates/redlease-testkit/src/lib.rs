@@ -3,16 +3,24 @@
 //! - [`RedisServer`]: one `redis-server` child process on `127.0.0.1` with its own temp
 //!   dir and a port no parallel test can take; `stop` / `restart` / `pause` / `resume`
 //!   for fault tests; killed and reaped on drop; its log printed when the test panics.
+//! - [`RedisCluster`]: a real N-master Redis Cluster (with replicas if asked), node
+//!   faults, and slot migration for resharding tests.
+//! - [`RedisSentinel`]: a master, replicas and three sentinels with timeouts short
+//!   enough for a failover in a few seconds.
 //! - [`Proxy`]: a loopback TCP proxy that holds replies back, delays traffic, cuts
 //!   connections or refuses new ones.
 //!
 //! `redis-server` is found through `$REDIS_SERVER_BIN` or `PATH`; when it is missing,
 //! [`KitError::NotInstalled`] says how to install it.
 
+mod cluster;
 mod proxy;
+mod sentinel;
 mod server;
 
+pub use cluster::{Migration, RedisCluster, SLOTS};
 pub use proxy::Proxy;
+pub use sentinel::{RedisSentinel, SentinelBuilder};
 pub use server::{Persistence, RedisServer, ServerBuilder, free_port, redis_server_bin};
 
 /// Why the kit could not provide a server.
@@ -49,6 +57,9 @@ pub enum KitError {
         /// The server's log.
         log: String,
     },
+    /// A cluster or sentinel set-up step failed or did not settle in time.
+    #[error("test topology set-up failed: {0}")]
+    Setup(String),
     /// A filesystem or process operation failed.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
