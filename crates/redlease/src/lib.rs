@@ -66,6 +66,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod cluster;
 mod conn;
 mod error;
 mod keys;
@@ -73,8 +74,11 @@ mod lease;
 mod mutex;
 mod notify;
 mod renewer;
+mod replicas;
 mod scripts;
+mod sentinel;
 mod token;
+mod topology;
 mod wait;
 
 pub use client::{
@@ -86,4 +90,5 @@ pub use error::{Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use lease::{Lease, LostReason};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
+pub use replicas::{OnShortfall, ReplicaAck};
 pub use token::{FencingToken, Token};
