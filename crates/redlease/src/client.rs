@@ -369,9 +369,12 @@ impl ClientBuilder {
         self
     }
 
-    /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...)
-    /// instead of opening a connection. The wake-up connection is still opened from the
-    /// `redis::Client`, because pub/sub needs a connection of its own.
+    /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...;
+    /// for a cluster client, a redis-rs cluster connection) instead of opening a
+    /// connection. The wake-up connection is still opened by redlease — from the
+    /// `redis::Client`, the cluster's seed nodes or the sentinels — because pub/sub
+    /// needs a connection of its own. With Sentinel, a connection given here does not
+    /// follow a failover.
     pub fn connection(mut self, conn: impl CommandConnection) -> Self {
         self.conn = Some(Arc::new(conn));
         self

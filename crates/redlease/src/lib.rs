@@ -10,6 +10,8 @@
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`Error`]: one error type; messages name the lock.
+//! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
+//!   for replicas after acquire and extend).
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
@@ -55,6 +57,26 @@
 //!   a replica that never saw the lock; Redis's clock jumping forward expires leases
 //!   early. In each case the lock alone cannot stop the second writer — the
 //!   [`FencingToken`] can, if the resource rejects tokens lower than the highest it saw.
+//!
+//! # Topologies
+//!
+//! - **One Redis**: [`Client::connect`] / [`Client::builder`].
+//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with seed
+//!   URLs. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
+//!   the wake-up channel share its hash slot, so each operation runs on the one node
+//!   that owns the lock. Releases publish with `SPUBLISH` and waiters `SSUBSCRIBE` on
+//!   that node only (no cluster-wide broadcast). `MOVED`/`ASK` are followed and a
+//!   resharding costs retries, not exclusion — but acquiring a *free* lock whose slot
+//!   is mid-migration is refused by Redis (`TRYAGAIN`) until the migration ends; it is
+//!   retried for the client's [retry window](ClientBuilder::retry_window).
+//! - **Sentinel**: [`Client::sentinel`] / [`Client::sentinel_builder`] with the
+//!   sentinels' URLs and the master name. After a failover the client follows the
+//!   promoted replica. Locks whose write had not reached it are lost: another client
+//!   can take them before the holder learns it (at its next renewal, as
+//!   [`LostReason::Gone`]). Jepsen showed Sentinel loses acknowledged writes this way;
+//!   [`ReplicaAck`] narrows the window (it does not close it), fencing tokens make it
+//!   harmless to a resource that checks them. Set the retry window above your
+//!   failover time so that calls ride through a failover instead of failing.
 //!
 //! # Waiting
 //!

@@ -118,7 +118,23 @@ async fn every_key_of_a_lock_shares_its_slot_and_the_key_stays_plain() {
         assert!(status.held);
         assert_eq!(status.fence, Some(guard.fence()));
         assert_eq!(status.waiters, 0);
+        // A waiting client shows up, counted on the node that owns the slot.
+        let other = cluster_client(&cluster).await;
+        let waiter = tokio::spawn({
+            let mutex = other.mutex(name).unwrap();
+            async move { mutex.lock().await.map(|g| g.forget()) }
+        });
+        eventually(5.0, "status counts the waiter", || {
+            let mutex = mutex.clone();
+            async move { mutex.status().await.unwrap().waiters == 1 }
+        })
+        .await;
         guard.release().await.unwrap();
+        let token = within(5.0, "the waiter gets the lock", waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        mutex.release_token(&token).await.unwrap();
         assert!(!exists(&mut conn, &key).await);
     }
 }
