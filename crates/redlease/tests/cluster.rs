@@ -295,18 +295,19 @@ async fn a_held_lock_renews_and_releases_throughout_a_slow_migration() {
     let key = format!("redlease:{name}");
     let slot = cluster.slot_of(&key).unwrap();
     let client = cluster_client(&cluster).await;
-    // Renewed every 200 ms: many renewals land in each phase below.
+    // Renewed every 500 ms: several renewals land in each phase below, each of which
+    // outlasts the lease.
     let guard = client
-        .mutex_with(&name, LeaseOptions::new().ttl(Duration::from_millis(600)))
+        .mutex_with(&name, LeaseOptions::new().ttl(Duration::from_millis(1500)))
         .unwrap()
         .lock()
         .await
         .unwrap();
     let migration = cluster.begin_migration(slot, 1).unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(guard.is_held(), "renewed on the old owner while MIGRATING");
     assert_eq!(cluster.migrate_keys(&migration).unwrap(), 2);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(guard.is_held(), "renewed on the new owner through ASK");
     let mut new_owner = raw(cluster.master(1)).await;
     // The slot is still IMPORTING there: ask with ASKING.
