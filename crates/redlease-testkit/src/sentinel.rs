@@ -88,7 +88,8 @@ impl SentinelBuilder {
 
     /// Starts everything and waits until the sentinels see the whole set-up.
     pub fn start(self) -> Result<RedisSentinel, KitError> {
-        let mut builder = RedisServer::builder();
+        // Start replicas' first sync at once instead of waiting 5 s for more of them.
+        let mut builder = RedisServer::builder().arg("repl-diskless-sync-delay", "0");
         if let Some(port) = self.master_port {
             builder = builder.port(port);
         }
@@ -99,6 +100,7 @@ impl SentinelBuilder {
             replicas.push(
                 RedisServer::builder()
                     .arg("replicaof", format!("{} {}", source.ip(), source.port()))
+                    .arg("repl-diskless-sync-delay", "0")
                     .start()?,
             );
         }

@@ -284,7 +284,7 @@ impl Client {
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
         keys::ttl_ms(name, options.ttl)?;
         if let Some(policy) = &options.replica_ack {
-            policy.validate(name, self.inner.topology.response_timeout)?;
+            policy.validate(name, options.ttl, self.inner.topology.response_timeout)?;
         }
         Mutex::new(self.inner.clone(), name, options)
     }

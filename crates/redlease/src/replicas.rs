@@ -10,6 +10,12 @@
 //! did. The guard reports that number; [`OnShortfall`] says what happens when it is
 //! too small.
 //!
+//! `WAIT` blocks the connection it runs on: while it waits, the client's other requests
+//! on that connection (other locks, renewals) queue behind it. With replicas healthy
+//! it returns within a replication round trip; when they are not, for up to the
+//! timeout. Keep the timeout short next to the leases of the client's locks, or give
+//! durable locks a client of their own.
+//!
 //! `WAIT` narrows the window, it does not close it: a replica that acknowledged may
 //! still not be the one promoted, Sentinel or Cluster may promote a replica that lags,
 //! and acknowledged writes live in the replica's memory, not on disk. Automatic
@@ -68,8 +74,8 @@ pub enum OnShortfall {
 pub struct ReplicaAck {
     /// How many replicas must acknowledge (at least 1).
     pub replicas: u32,
-    /// How long the acquire or extend waits for them (at least 1 ms, and shorter than
-    /// the command connection's reply timeout).
+    /// How long the acquire or extend waits for them: at least 1 ms, at most half the
+    /// lock's lease, and shorter than the command connection's reply timeout.
     pub timeout: Duration,
     /// What happens when fewer acknowledge in time.
     pub on_shortfall: OnShortfall,
@@ -100,9 +106,14 @@ impl ReplicaAck {
         self
     }
 
-    /// Checks the policy for lock `name` against the reply timeout of the client's
-    /// connection (when redlease opened it and so knows it).
-    pub(crate) fn validate(&self, name: &str, response_timeout: Option<Duration>) -> Result<()> {
+    /// Checks the policy for lock `name` with lease `ttl` against the reply timeout of
+    /// the client's connection (when redlease opened it and so knows it).
+    pub(crate) fn validate(
+        &self,
+        name: &str,
+        ttl: Duration,
+        response_timeout: Option<Duration>,
+    ) -> Result<()> {
         let invalid = |what: &'static str, reason: String| Error::InvalidArgument {
             name: name.to_owned(),
             what,
@@ -119,6 +130,13 @@ impl ReplicaAck {
             return Err(invalid(
                 "replica timeout",
                 "must be at least 1 ms (WAIT 0 would block forever)".into(),
+            ));
+        }
+        if self.timeout > ttl / 2 {
+            // The lease runs from when the acquire was sent: a long wait eats it up.
+            return Err(invalid(
+                "replica timeout",
+                format!("{:?} must be at most half the lease ({ttl:?})", self.timeout),
             ));
         }
         if let Some(limit) = response_timeout

@@ -9,7 +9,11 @@ use redlease::{Error, LeaseOptions, LostReason, OnShortfall, ReplicaAck};
 
 /// A master and `n` replicas in sync with it.
 async fn replicated(n: usize) -> (RedisServer, Vec<RedisServer>) {
-    let master = server();
+    // Sync replicas at once instead of waiting 5 s for more of them.
+    let master = RedisServer::builder()
+        .arg("repl-diskless-sync-delay", "0")
+        .start()
+        .unwrap();
     let replicas: Vec<RedisServer> = (0..n)
         .map(|_| {
             RedisServer::builder()
@@ -255,6 +259,13 @@ async fn policies_that_cannot_work_are_rejected_up_front() {
             "replica timeout",
         ),
     ];
+    // The wait eats into the lease, which runs from when the acquire was sent.
+    let short = LeaseOptions::new()
+        .ttl(Duration::from_millis(500))
+        .replica_ack(ReplicaAck::new(1).timeout(Duration::from_millis(300)));
+    let err = client.mutex_with("bad", short).unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert!(err.to_string().contains("half the lease"), "{err}");
     for (policy, what) in cases {
         let err = client
             .mutex_with("bad", LeaseOptions::new().replica_ack(policy))
