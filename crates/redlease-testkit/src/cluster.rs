@@ -105,11 +105,7 @@ impl RedisCluster {
         for (m, master) in cluster.masters.iter().enumerate() {
             let want = cluster.replicas.iter().filter(|(r, _)| *r == m).count();
             if want > 0 {
-                let mut con = connect(master)?;
-                wait_for("replicas to sync", || {
-                    let info: String = query(&mut con, redis::cmd("INFO").arg("replication"))?;
-                    Ok(info.matches(",state=online,").count() >= want)
-                })?;
+                wait_for_replicas(&mut connect(master)?, want)?;
             }
         }
         Ok(cluster)
@@ -359,6 +355,25 @@ pub(crate) fn wait_for(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Waits until `n` replicas of the master behind `con` are in sync *and streaming*.
+///
+/// `INFO replication` says `state=online` as soon as a replica has its snapshot, but
+/// after a diskless sync the master holds the command stream back until the replica's
+/// first `REPLCONF ACK`, up to a second later. So: write something every replica must
+/// receive (`FLUSHALL` of the fresh, empty server) and `WAIT` for all of them on the
+/// same connection.
+pub(crate) fn wait_for_replicas(con: &mut redis::Connection, n: usize) -> Result<(), KitError> {
+    wait_for("replicas to sync", || {
+        let info: String = query(con, redis::cmd("INFO").arg("replication"))?;
+        Ok(info.matches(",state=online,").count() >= n)
+    })?;
+    wait_for("replicas to acknowledge writes", || {
+        query::<()>(con, &redis::cmd("FLUSHALL"))?;
+        let acked: usize = query(con, redis::cmd("WAIT").arg(n).arg(200))?;
+        Ok(acked >= n)
+    })
 }
 
 fn node_id(con: &mut redis::Connection) -> Result<String, KitError> {

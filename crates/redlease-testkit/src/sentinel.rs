@@ -105,10 +105,7 @@ impl SentinelBuilder {
             );
         }
         let mut con = crate::cluster::connect(&master)?;
-        wait_for("replicas to sync", || {
-            let info: String = query(&mut con, redis::cmd("INFO").arg("replication"))?;
-            Ok(info.matches(",state=online,").count() >= self.replicas)
-        })?;
+        crate::cluster::wait_for_replicas(&mut con, self.replicas)?;
         let quorum = self.sentinels / 2 + 1;
         let config = format!(
             "sentinel monitor {name} 127.0.0.1 {port} {quorum}\n\

@@ -22,7 +22,7 @@ async fn replicated(n: usize) -> (RedisServer, Vec<RedisServer>) {
                 .unwrap()
         })
         .collect();
-    let mut conn = raw(&master).await;
+    let conn = raw(&master).await;
     eventually(20.0, "replicas in sync", || {
         let mut conn = conn.clone();
         async move {
@@ -35,14 +35,23 @@ async fn replicated(n: usize) -> (RedisServer, Vec<RedisServer>) {
         }
     })
     .await;
-    // And acknowledging: WAIT answers with the number of replicas that confirmed.
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(n)
-        .arg(5000)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(acked, n as i64);
+    // And streaming: "online" is reported before a freshly synced replica has sent its
+    // first ACK, until which the master holds the stream back. A write (FLUSHALL of the
+    // empty server) that every replica acknowledges proves they are past that point.
+    eventually(20.0, "replicas acknowledge writes", || {
+        let mut conn = conn.clone();
+        async move {
+            let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(n)
+                .arg(200)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            acked == n as i64
+        }
+    })
+    .await;
     (master, replicas)
 }
 
