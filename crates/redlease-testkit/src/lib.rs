@@ -5,17 +5,25 @@
 //!   for fault tests; killed and reaped on drop; its log printed when the test panics.
 //!   [`ServerBuilder::tls`] makes it a TLS-only server with throwaway certificates
 //!   ([`TlsFiles`], made with the `openssl` command).
+//! - [`RedisCluster`]: a real N-master Redis Cluster (with replicas if asked), node
+//!   faults, and slot migration for resharding tests.
+//! - [`RedisSentinel`]: a master, replicas and three sentinels with timeouts short
+//!   enough for a failover in a few seconds.
 //! - [`Proxy`]: a loopback TCP proxy that holds replies back, delays traffic, cuts
 //!   connections or refuses new ones.
 //!
 //! `redis-server` is found through `$REDIS_SERVER_BIN` or `PATH`; when it is missing,
 //! [`KitError::NotInstalled`] says how to install it.
 
+mod cluster;
 mod proxy;
+mod sentinel;
 mod server;
 mod tls;
 
+pub use cluster::{Migration, RedisCluster, SLOTS};
 pub use proxy::Proxy;
+pub use sentinel::{RedisSentinel, SentinelBuilder};
 pub use server::{Persistence, RedisServer, ServerBuilder, free_port, redis_server_bin};
 pub use tls::TlsFiles;
 
@@ -59,6 +67,9 @@ pub enum KitError {
          The test kit needs the `openssl` command: `sudo apt-get install -y openssl`"
     )]
     Tls(String),
+    /// A cluster or sentinel set-up step failed or did not settle in time.
+    #[error("test topology set-up failed: {0}")]
+    Setup(String),
     /// A filesystem or process operation failed.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

@@ -42,6 +42,8 @@ pub struct ServerBuilder {
     port: Option<u16>,
     /// `Some(auth_clients)`: a TLS-only server.
     tls: Option<bool>,
+    /// Sentinel mode: the initial contents of `sentinel.conf`.
+    sentinel: Option<String>,
 }
 
 impl ServerBuilder {
@@ -68,6 +70,15 @@ impl ServerBuilder {
     /// Uses this port instead of allocating one (the caller guarantees it is free).
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);
+        self
+    }
+
+    /// Runs `redis-server sentinel.conf --sentinel` instead of a data server. `config`
+    /// (for example `sentinel monitor ...` lines) is written to `sentinel.conf` in the
+    /// server's directory on the first start; Sentinel rewrites that file as it learns
+    /// the topology, and a [`restart`](RedisServer::restart) keeps what it learned.
+    pub fn sentinel(mut self, config: impl Into<String>) -> Self {
+        self.sentinel = Some(config.into());
         self
     }
 
@@ -226,10 +237,15 @@ impl RedisServer {
 
     fn command_line(&self) -> Vec<String> {
         let dir = self.dir.path().display().to_string();
-        let mut args: Vec<String> = match (&self.tls, self.builder.tls) {
+        let mut args: Vec<String> = Vec::new();
+        if self.builder.sentinel.is_some() {
+            args.push(self.dir.path().join("sentinel.conf").display().to_string());
+            args.push("--sentinel".into());
+        }
+        match (&self.tls, self.builder.tls) {
             (Some(files), Some(auth_clients)) => {
                 let path = |p: &Path| p.display().to_string();
-                vec![
+                args.extend([
                     "--port".into(),
                     "0".into(),
                     "--tls-port".into(),
@@ -242,10 +258,10 @@ impl RedisServer {
                     path(&files.ca_cert),
                     "--tls-auth-clients".into(),
                     if auth_clients { "yes" } else { "no" }.into(),
-                ]
+                ]);
             }
-            _ => vec!["--port".into(), self.port.to_string()],
-        };
+            _ => args.extend(["--port".into(), self.port.to_string()]),
+        }
         args.extend([
             "--bind".into(),
             "127.0.0.1".into(),
@@ -255,6 +271,15 @@ impl RedisServer {
             self.log_path().display().to_string(),
             "--daemonize".into(),
             "no".into(),
+        ]);
+        if self.builder.sentinel.is_some() {
+            for (name, value) in &self.builder.args {
+                args.push(format!("--{name}"));
+                args.push(value.clone());
+            }
+            return args;
+        }
+        args.extend([
             "--save".into(),
             String::new(),
             "--enable-debug-command".into(),
@@ -283,6 +308,18 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), KitError> {
+        if let Some(config) = &self.builder.sentinel {
+            let path = self.dir.path().join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, config).map_err(|e| KitError::Io("write sentinel.conf", e))?;
+            }
+        }
+        // Sentinel never says "Ready to accept connections"; it logs its ID once it listens.
+        let ready = if self.builder.sentinel.is_some() {
+            "Sentinel ID is"
+        } else {
+            "Ready to accept connections"
+        };
         let log_len_before = std::fs::metadata(self.log_path()).map(|m| m.len()).unwrap_or(0);
         let child = Command::new(&self.bin)
             .args(self.command_line())
@@ -295,7 +332,7 @@ impl RedisServer {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let log = self.log_since(log_len_before);
-            if log.contains("Ready to accept connections") {
+            if log.contains(ready) {
                 return Ok(());
             }
             let child = self.child.as_mut().expect("just spawned");

@@ -4,9 +4,12 @@
 /// Every command redlease sends, directly or from inside its scripts. Redis checks a
 /// script's `redis.call`s against the calling user's ACL too, so both count.
 const COMMANDS: &[&str] = &[
-    // Sent directly: scripts run by SHA and are loaded after a NOSCRIPT; the wake-up
-    // connection subscribes and pings; `status` counts waiters.
+    // Sent directly: scripts run by SHA, are preloaded when a client starts, and are
+    // sent in full (EVAL) after a NOSCRIPT; the wake-up connection subscribes and pings;
+    // `status` counts waiters. EVAL grants no more than the rest of this list: the
+    // commands a script calls are checked against the same rules.
     "evalsha",
+    "eval",
     "script|load",
     "subscribe",
     "unsubscribe",
@@ -90,7 +93,7 @@ mod tests {
         assert_eq!(
             acl_rules("redlease:").join(" "),
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
-             +evalsha +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
+             +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
              +get +set +del +exists +pttl +pexpire +publish +time \
              +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore"
         );

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::CommandConnection;
+use crate::conn::{Batching, CommandConnection};
 use crate::error::{Error, Result};
 use crate::fair::FairMutex;
 use crate::keys;
@@ -11,8 +11,11 @@ use crate::legacy::{LegacyLock, LegacyOptions};
 use crate::mutex::Mutex;
 use crate::notify::{Notifier, PubSubConnector};
 use crate::renewer::Renewer;
+use crate::replicas::ReplicaAck;
 use crate::rwlock::RwLock;
 use crate::semaphore::Semaphore;
+use crate::sentinel::SentinelConnection;
+use crate::topology::{Deployment, Topology};
 
 /// Default lease length.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
@@ -42,6 +45,8 @@ pub(crate) struct ClientInner {
     /// For how long a request that failed in a way that may be temporary (timeout,
     /// broken connection) is retried before the error is returned.
     pub retry_window: Duration,
+    /// Standalone, Sentinel or Cluster, and what that changes.
+    pub topology: Topology,
 }
 
 impl std::fmt::Debug for dyn CommandConnection {
@@ -59,6 +64,9 @@ pub struct LeaseOptions {
     pub ttl: Duration,
     /// Renew the lease every `ttl / 3` until it is released (default `true`).
     pub auto_renew: bool,
+    /// Wait for replicas to acknowledge each acquire and extend (default: off, no
+    /// `WAIT` is sent). See [`ReplicaAck`].
+    pub replica_ack: Option<ReplicaAck>,
 }
 
 impl Default for LeaseOptions {
@@ -66,6 +74,7 @@ impl Default for LeaseOptions {
         LeaseOptions {
             ttl: DEFAULT_TTL,
             auto_renew: true,
+            replica_ack: None,
         }
     }
 }
@@ -87,6 +96,20 @@ impl LeaseOptions {
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
         self
+    }
+
+    /// After each acquire and extend, waits for replicas as `policy` says (checked when
+    /// the lock is made). See [`ReplicaAck`] for what this does and does not protect.
+    pub fn replica_ack(mut self, policy: ReplicaAck) -> Self {
+        self.replica_ack = Some(policy);
+        self
+    }
+
+    /// Shorthand for `replica_ack(ReplicaAck::new(replicas))`: `replicas` replicas must
+    /// acknowledge each acquire and extend within 500 ms, or the lock is released and
+    /// the call fails with [`Error::NotReplicated`]. (The CLI's `--wait-replicas K`.)
+    pub fn wait_replicas(self, replicas: u32) -> Self {
+        self.replica_ack(ReplicaAck::new(replicas))
     }
 }
 
@@ -122,8 +145,6 @@ impl Client {
     ///
     /// [`Error::Config`] when the URL is invalid or the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Client> {
-        #[cfg(feature = "tls")]
-        crate::tls::install_crypto_provider();
         let redis = redis::Client::open(url).map_err(|e| Error::Config {
             reason: format!("invalid redis url {url:?}"),
             source: Some(e),
@@ -131,18 +152,122 @@ impl Client {
         Client::builder(redis).build().await
     }
 
+    /// Connects to a Redis Cluster through the given seed nodes (any subset of its
+    /// nodes; the rest are discovered), with the default settings.
+    ///
+    /// Commands go to the node owning each lock's slot; wake-ups use sharded pub/sub.
+    /// See [`cluster_builder`](Client::cluster_builder).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when a URL is invalid or no seed node can be reached.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redlease::Error> {
+    /// let client = redlease::Client::cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]).await?;
+    /// let guard = client.mutex("invoice-run")?.lock().await?;
+    /// # guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn cluster<I>(nodes: I) -> Result<Client>
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        Client::cluster_builder(nodes)?.build().await
+    }
+
+    /// Starts configuring a client for a Redis Cluster reached through `nodes` (seed
+    /// URLs such as `redis://host:port`; user name and password from the first).
+    ///
+    /// The client opens two cluster connections: one for commands (unless
+    /// [`connection`](ClientBuilder::connection) gives yours — it must then be a cluster
+    /// connection) and a RESP3 one for sharded pub/sub wake-ups. Every key of a lock
+    /// lives in one slot, so every operation runs on one node; redis-rs follows `MOVED`
+    /// and `ASK` redirections, so a resharding while locks are in use costs retries,
+    /// never exclusion.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when a URL is invalid or the list is empty.
+    pub fn cluster_builder<I>(nodes: I) -> Result<ClientBuilder>
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        let nodes = connection_infos(nodes, "cluster node")?;
+        Ok(ClientBuilder::new(Source::Cluster(nodes)))
+    }
+
+    /// Connects through Sentinel to the master the sentinels at `sentinels` know as
+    /// `master`, with the default settings. See [`sentinel_builder`](Client::sentinel_builder).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when a URL is invalid or the sentinels name no reachable master.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), redlease::Error> {
+    /// let client = redlease::Client::sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .await?;
+    /// # let _ = client;
+    /// # Ok(()) }
+    /// ```
+    pub async fn sentinel<I>(sentinels: I, master: &str) -> Result<Client>
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        Client::sentinel_builder(sentinels, master)?.build().await
+    }
+
+    /// Starts configuring a client for the master the sentinels at `sentinels` monitor
+    /// under the name `master`.
+    ///
+    /// Commands and wake-ups go to the server the sentinels name master. When a request
+    /// finds it gone or demoted (a broken connection, `READONLY`), the client asks the
+    /// sentinels again, so after a failover it follows the promoted replica; the
+    /// wake-up connection does the same and wakes every waiter when it reconnects.
+    ///
+    /// Sentinel keeps Redis available, not every acknowledged write: a lock acquired
+    /// just before a failover may be missing on the promoted replica. Its holder
+    /// learns it at the next renewal ([`LostReason::Gone`](crate::LostReason::Gone)),
+    /// but another client may take the lock before then. A
+    /// [`ReplicaAck`] policy narrows that window; fencing tokens make it harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when a URL is invalid or the list is empty.
+    pub fn sentinel_builder<I>(sentinels: I, master: &str) -> Result<ClientBuilder>
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        let sentinels = connection_infos(sentinels, "sentinel")?;
+        if master.is_empty() {
+            return Err(Error::Config {
+                reason: "the sentinel master name is empty".into(),
+                source: None,
+            });
+        }
+        Ok(ClientBuilder::new(Source::Sentinel {
+            sentinels,
+            master: master.to_owned(),
+            node: None,
+        }))
+    }
+
     /// Starts configuring a client for `redis`, which is also used to open the
     /// wake-up connection.
     pub fn builder(redis: redis::Client) -> ClientBuilder {
-        ClientBuilder {
-            redis,
-            conn: None,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            label: None,
-            retention: DEFAULT_RETENTION,
-            response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
-            retry_window: DEFAULT_RETRY_WINDOW,
-        }
+        ClientBuilder::new(Source::Standalone(redis))
     }
 
     /// A plain mutex at key `<prefix><name>` with default options (30 s lease, auto-renew).
@@ -162,6 +287,9 @@ impl Client {
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
         keys::ttl_ms(name, options.ttl)?;
+        if let Some(policy) = &options.replica_ack {
+            policy.validate(name, options.ttl, self.inner.topology.response_timeout)?;
+        }
         Mutex::new(self.inner.clone(), name, options)
     }
 
@@ -274,11 +402,45 @@ pub struct ClientStats {
     pub leases_lost_by_renewal: u64,
 }
 
+/// Where a client finds Redis.
+#[derive(Debug)]
+enum Source {
+    Standalone(redis::Client),
+    Cluster(Vec<redis::ConnectionInfo>),
+    Sentinel {
+        sentinels: Vec<redis::ConnectionInfo>,
+        master: String,
+        node: Option<redis::sentinel::SentinelNodeConnectionInfo>,
+    },
+}
+
+fn connection_infos<I>(urls: I, what: &str) -> Result<Vec<redis::ConnectionInfo>>
+where
+    I: IntoIterator,
+    I::Item: redis::IntoConnectionInfo,
+{
+    let infos = urls
+        .into_iter()
+        .map(redis::IntoConnectionInfo::into_connection_info)
+        .collect::<redis::RedisResult<Vec<_>>>()
+        .map_err(|e| Error::Config {
+            reason: format!("invalid {what} url"),
+            source: Some(e),
+        })?;
+    if infos.is_empty() {
+        return Err(Error::Config {
+            reason: format!("no {what} url given"),
+            source: None,
+        });
+    }
+    Ok(infos)
+}
+
 /// Configures a [`Client`].
 #[derive(Debug)]
 #[must_use]
 pub struct ClientBuilder {
-    redis: redis::Client,
+    source: Source,
     conn: Option<Arc<dyn CommandConnection>>,
     prefix: String,
     label: Option<String>,
@@ -288,9 +450,33 @@ pub struct ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...)
-    /// instead of opening a connection. The wake-up connection is still opened from the
-    /// `redis::Client`, because pub/sub needs a connection of its own.
+    fn new(source: Source) -> Self {
+        ClientBuilder {
+            source,
+            conn: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            label: None,
+            retention: DEFAULT_RETENTION,
+            response_timeout: Some(DEFAULT_RESPONSE_TIMEOUT),
+            retry_window: DEFAULT_RETRY_WINDOW,
+        }
+    }
+
+    /// Sentinel only: how to connect to the master and replicas the sentinels name
+    /// (TLS, user name and password, database), when it differs from the defaults.
+    pub fn sentinel_node_info(mut self, info: redis::sentinel::SentinelNodeConnectionInfo) -> Self {
+        if let Source::Sentinel { node, .. } = &mut self.source {
+            *node = Some(info);
+        }
+        self
+    }
+
+    /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...;
+    /// for a cluster client, a redis-rs cluster connection) instead of opening a
+    /// connection. The wake-up connection is still opened by redlease — from the
+    /// `redis::Client`, the cluster's seed nodes or the sentinels — because pub/sub
+    /// needs a connection of its own. With Sentinel, a connection given here does not
+    /// follow a failover.
     pub fn connection(mut self, conn: impl CommandConnection) -> Self {
         self.conn = Some(Arc::new(conn));
         self
@@ -339,53 +525,137 @@ impl ClientBuilder {
     ///
     /// [`Error::Config`] when the server cannot be reached or a setting is out of range.
     pub async fn build(self) -> Result<Client> {
+        // rustls needs a process-wide crypto provider before any rediss:// connection.
+        #[cfg(feature = "tls")]
+        crate::tls::install_crypto_provider();
         if self.retention > keys::MAX_TTL {
             return Err(Error::Config {
                 reason: "metadata retention may be at most 30 days".into(),
                 source: None,
             });
         }
-        let conn: Arc<dyn CommandConnection> = match self.conn {
-            Some(conn) => conn,
-            None => {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_response_timeout(self.response_timeout)
-                    .set_connection_timeout(Some(Duration::from_secs(2)))
-                    .set_number_of_retries(1);
-                let manager = redis::aio::ConnectionManager::new_with_config(self.redis.clone(), config)
-                    .await
-                    .map_err(|e| Error::Config {
-                        reason: format!(
-                            "cannot connect to redis at {}{}",
-                            self.redis.get_connection_info().addr(),
-                            tls_hint(&self.redis, &e)
-                        ),
+        // The reply timeout is known only for a connection redlease opens itself.
+        let response_timeout = if self.conn.is_some() {
+            None
+        } else {
+            self.response_timeout
+        };
+        let (conn, deployment, notifier): (Arc<dyn CommandConnection>, Deployment, Notifier) =
+            match self.source {
+                Source::Standalone(redis) => {
+                    let conn: Arc<dyn CommandConnection> = match self.conn {
+                        Some(conn) => conn,
+                        None => {
+                            let config = redis::aio::ConnectionManagerConfig::new()
+                                .set_response_timeout(self.response_timeout)
+                                .set_connection_timeout(Some(Duration::from_secs(2)))
+                                .set_number_of_retries(1);
+                            let manager =
+                                redis::aio::ConnectionManager::new_with_config(redis.clone(), config)
+                                    .await
+                                    .map_err(|e| Error::Config {
+                                        reason: format!(
+                                            "cannot connect to redis at {}{}",
+                                            redis.get_connection_info().addr(),
+                                            tls_hint(&redis, &e)
+                                        ),
+                                        source: Some(e),
+                                    })?;
+                            Arc::new(manager)
+                        }
+                    };
+                    crate::scripts::preload(&*conn).await;
+                    let connector: PubSubConnector = Arc::new(move || {
+                        let redis = redis.clone();
+                        Box::pin(async move { redis.get_async_pubsub().await })
+                    });
+                    (conn, Deployment::Standalone, Notifier::spawn(connector))
+                }
+                Source::Cluster(nodes) => {
+                    let unreachable = |e| Error::Config {
+                        reason: format!("cannot connect to the redis cluster at {}", addrs(&nodes)),
+                        source: Some(e),
+                    };
+                    let conn: Arc<dyn CommandConnection> = match self.conn {
+                        Some(conn) => conn,
+                        None => {
+                            let client = crate::cluster::command_client(&nodes, self.response_timeout)
+                                .map_err(|e| Error::Config {
+                                    reason: "invalid redis cluster settings".into(),
+                                    source: Some(e),
+                                })?;
+                            Arc::new(client.get_async_connection().await.map_err(unreachable)?)
+                        }
+                    };
+                    crate::cluster::preload(&*conn).await;
+                    let (wake, pushes) = crate::cluster::wake_connection(&nodes)
+                        .await
+                        .map_err(unreachable)?;
+                    (
+                        conn,
+                        Deployment::Cluster(wake.clone()),
+                        Notifier::spawn_sharded(wake, pushes),
+                    )
+                }
+                Source::Sentinel {
+                    sentinels,
+                    master,
+                    node,
+                } => {
+                    let via = addrs(&sentinels);
+                    let sentinel = SentinelConnection::new(sentinels, &master, node, self.response_timeout)
+                        .map_err(|e| Error::Config {
+                        reason: "invalid sentinel settings".into(),
                         source: Some(e),
                     })?;
-                Arc::new(manager)
-            }
+                    sentinel.connect().await.map_err(|e| Error::Config {
+                        reason: format!("cannot reach master {master:?} through the sentinels at {via}"),
+                        source: Some(e),
+                    })?;
+                    let conn: Arc<dyn CommandConnection> = match self.conn {
+                        Some(conn) => conn,
+                        None => Arc::new(sentinel.clone()),
+                    };
+                    crate::scripts::preload(&*conn).await;
+                    let connector: PubSubConnector = Arc::new(move || {
+                        let sentinel = sentinel.clone();
+                        Box::pin(async move { sentinel.pubsub().await })
+                    });
+                    (conn, Deployment::Sentinel, Notifier::spawn(connector))
+                }
+            };
+        let topology = Topology {
+            deployment,
+            response_timeout,
         };
-        crate::scripts::preload(&*conn).await;
-        let redis = self.redis.clone();
-        let connector: PubSubConnector = Arc::new(move || {
-            let redis = redis.clone();
-            Box::pin(async move { redis.get_async_pubsub().await })
-        });
         let inner = ClientInner {
-            notifier: Notifier::spawn(connector),
-            renewer: Renewer::spawn(conn.clone()),
+            notifier,
+            renewer: match topology.batching() {
+                Batching::OnePipeline => Renewer::spawn(conn.clone()),
+                batching => Renewer::spawn_batching(conn.clone(), batching),
+            },
             conn,
             prefix: self.prefix,
             label: self.label.unwrap_or_else(default_label).into(),
             retention_arg: self.retention.as_millis().to_string().into(),
-            publish: "PUBLISH".into(),
+            publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),
             retry_window: self.retry_window,
+            topology,
         };
         Ok(Client {
             inner: Arc::new(inner),
         })
     }
+}
+
+/// `host:port, host:port, ...` of a list of connection infos, for messages.
+fn addrs(infos: &[redis::ConnectionInfo]) -> String {
+    infos
+        .iter()
+        .map(|i| i.addr().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `host:pid`, from the kernel's hostname when available.

@@ -39,29 +39,32 @@ where
     }
 }
 
-fn is_noscript(err: &redis::RedisError) -> bool {
+pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
     err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-/// Runs a script call (an EVALSHA built by [`LuaScript::evalsha`]), loading the
-/// script once when the server does not know it.
+/// Runs a script call (an EVALSHA built by [`LuaScript::evalsha`]); when the server
+/// does not know the script, sends the same call once more as EVAL, which also caches it.
+///
+/// EVAL rather than `SCRIPT LOAD` + EVALSHA: one round trip instead of two, and it is
+/// routed by its first key like the EVALSHA, so on a cluster it reaches the node that
+/// owns the lock's slot (a `SCRIPT LOAD` fans out to every node and fails if any is down).
 pub(crate) async fn eval(conn: &dyn CommandConnection, script: &LuaScript, cmd: &Cmd) -> RedisResult<Value> {
     match conn.send(cmd).await {
         Err(e) if is_noscript(&e) => {
             tracing::debug!(
                 script = script.name,
-                "script not cached on the server; loading it"
+                "script not cached on the server; sending it"
             );
-            conn.send(&script.load_cmd()).await?;
-            conn.send(cmd).await
+            conn.send(&script.eval_from(cmd)).await
         }
         other => other,
     }
 }
 
 /// Runs many script calls in one round trip and returns one result per call, and how
-/// many round trips it took (1, or more when the server answered NOSCRIPT: those calls
-/// are sent once more after loading their scripts).
+/// many round trips it took: 1, or 2 when the server answered NOSCRIPT (those calls are
+/// sent once more as EVAL, which also loads the script).
 pub(crate) async fn eval_many(
     conn: &dyn CommandConnection,
     calls: &[(&'static LuaScript, Cmd)],
@@ -103,24 +106,10 @@ async fn eval_many_inner(
     if missing.is_empty() {
         return results;
     }
-    let mut loaded: Vec<&str> = Vec::new();
-    for &i in &missing {
-        let script = calls[i].0;
-        if !loaded.contains(&script.name) {
-            *round_trips += 1;
-            if let Err(e) = conn.send(&script.load_cmd()).await {
-                for &j in &missing {
-                    results[j] = Err(e.clone());
-                }
-                return results;
-            }
-            loaded.push(script.name);
-        }
-    }
     let mut retry = redis::pipe();
     retry.ignore_errors();
     for &i in &missing {
-        retry.add_command(calls[i].1.clone());
+        retry.add_command(calls[i].0.eval_from(&calls[i].1));
     }
     *round_trips += 1;
     match conn.send_pipeline(&retry).await {
@@ -137,4 +126,60 @@ async fn eval_many_inner(
         }
     }
     results
+}
+
+/// How a batch of script calls travels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Batching {
+    /// One pipeline: one round trip (a single Redis or a Sentinel-managed master).
+    #[default]
+    OnePipeline,
+    /// One pipeline per hash slot, all in flight at once: a cluster connection sends a
+    /// pipeline to one node and refuses one whose keys span slots.
+    PerSlot,
+}
+
+/// Runs many script calls, batched as `batching` says: one result per call, in order,
+/// and the number of round trips made (pipelines to different slots count apart).
+pub(crate) async fn eval_batch(
+    conn: &dyn CommandConnection,
+    calls: &[(&'static LuaScript, Cmd)],
+    batching: Batching,
+) -> (Vec<RedisResult<Value>>, u64) {
+    if batching == Batching::OnePipeline || calls.len() < 2 {
+        return eval_many(conn, calls).await;
+    }
+    // Group by the slot of each call's first key (EVALSHA sha numkeys KEY ...).
+    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+    for (i, (_, cmd)) in calls.iter().enumerate() {
+        let slot = match cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => redis::cluster_routing::Slot::for_key(key),
+            _ => redis::cluster_routing::Slot::for_key(b""),
+        };
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    if groups.len() == 1 {
+        return eval_many(conn, calls).await;
+    }
+    let batches = groups.iter().map(|(_, members)| {
+        let group: Vec<(&'static LuaScript, Cmd)> = members.iter().map(|&i| calls[i].clone()).collect();
+        async move { eval_many(conn, &group).await }
+    });
+    let answers = futures_util::future::join_all(batches).await;
+    let mut results: Vec<Option<RedisResult<Value>>> = (0..calls.len()).map(|_| None).collect();
+    let mut round_trips = 0;
+    for ((_, members), (answer, trips)) in groups.iter().zip(answers) {
+        round_trips += trips;
+        for (&i, result) in members.iter().zip(answer) {
+            results[i] = Some(result);
+        }
+    }
+    let results = results
+        .into_iter()
+        .map(|r| r.expect("every call belongs to one group"))
+        .collect();
+    (results, round_trips)
 }

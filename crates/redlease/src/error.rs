@@ -89,6 +89,21 @@ pub enum Error {
         key: String,
     },
 
+    /// Fewer replicas than the lock's [`ReplicaAck`](crate::ReplicaAck) policy requires
+    /// acknowledged an acquire or extend in time, and the policy said to release: the
+    /// lock was released (or will expire) and must not be relied on.
+    #[error(
+        "lock {name:?} was acknowledged by {acked} of the {wanted} replicas required in time; it was released"
+    )]
+    NotReplicated {
+        /// The lock's name.
+        name: String,
+        /// How many replicas acknowledged.
+        acked: u32,
+        /// How many the policy requires.
+        wanted: u32,
+    },
+
     /// The server refused a write because it is a read-only replica.
     #[error("redis refused to write lock {name:?}: the server is a read-only replica")]
     ReadOnly {
@@ -211,6 +226,11 @@ impl Error {
         matches!(self, Error::NotHeld { .. })
     }
 
+    /// Too few replicas acknowledged the lock in time (see [`Error::NotReplicated`]).
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self, Error::NotReplicated { .. })
+    }
+
     /// Bad input: a name, TTL or other argument was rejected before anything was sent.
     pub fn is_invalid_input(&self) -> bool {
         matches!(
@@ -243,6 +263,7 @@ impl Error {
             | Error::InvalidArgument { name, .. }
             | Error::LimitMismatch { name, .. }
             | Error::WrongType { name, .. }
+            | Error::NotReplicated { name, .. }
             | Error::ReadOnly { name }
             | Error::Redis { name, .. }
             | Error::NoQuorum { name, .. } => Some(name),

@@ -270,16 +270,13 @@ pub(crate) fn bad_reply(name: &str, op: &'static str) -> Error {
     }
 }
 
-/// How many client connections listen on `channel` (each waiting process counts once).
+/// How many client connections listen on `channel` (each waiting process counts once):
+/// `PUBSUB NUMSUB`, or `SHARDNUMSUB` on the slot's master in a cluster.
 pub(crate) async fn listeners(client: &ClientInner, channel: &str) -> u64 {
-    let mut numsub = redis::cmd("PUBSUB");
-    numsub.arg("NUMSUB").arg(channel);
     client
-        .conn
-        .send(&numsub)
+        .topology
+        .subscribers(&*client.conn, channel)
         .await
-        .ok()
-        .and_then(|v| crate::scripts::array(&v).and_then(|a| a.get(1)).and_then(int))
         .unwrap_or(0)
         .max(0) as u64
 }

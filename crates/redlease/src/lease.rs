@@ -7,7 +7,7 @@
 //! release itself: a script call whose last argument is the TTL.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::Cmd;
@@ -100,7 +100,12 @@ pub(crate) struct LeaseShared {
     pub auto_renew: bool,
     /// When the last successful acquire/renew was sent.
     confirmed_at: std::sync::Mutex<Instant>,
+    /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
+    /// `NO_ACK` without one.
+    replicas_acked: AtomicU32,
 }
+
+const NO_ACK: u32 = u32::MAX;
 
 /// The safety margin for clock drift between client and server over a lease of `ttl`:
 /// 1% plus 2ms, as in the Redlock analysis.
@@ -138,6 +143,7 @@ impl LeaseShared {
             release,
             auto_renew,
             confirmed_at: std::sync::Mutex::new(started),
+            replicas_acked: AtomicU32::new(NO_ACK),
         })
     }
 
@@ -181,6 +187,15 @@ impl LeaseShared {
     /// When the next renewal is due.
     pub fn next_renewal(&self) -> Instant {
         *self.confirmed_at.lock().expect("lease lock") + self.interval()
+    }
+
+    /// Records how many replicas acknowledged the last acquire or extend.
+    pub fn set_replicas_acked(&self, n: u32) {
+        self.replicas_acked.store(n.min(NO_ACK - 1), Ordering::Relaxed);
+    }
+
+    pub fn replicas_acked(&self) -> Option<u32> {
+        Some(self.replicas_acked.load(Ordering::Relaxed)).filter(|&n| n != NO_ACK)
     }
 
     /// Records that a request sent at `sent` confirmed the lease for `ttl` more.
@@ -247,6 +262,13 @@ impl Lease {
     /// Whether the lease has neither ended nor run past [`valid_until`](Lease::valid_until).
     pub fn is_held(&self) -> bool {
         self.shared.ended().is_none() && Instant::now() < self.shared.valid_until()
+    }
+
+    /// How many replicas acknowledged the last acquire or explicit extend, when the lock
+    /// has a [`ReplicaAck`](crate::ReplicaAck) policy; `None` without one. Automatic
+    /// renewals do not wait for replicas and leave this unchanged.
+    pub fn replicas_acked(&self) -> Option<u32> {
+        self.shared.replicas_acked()
     }
 
     /// Why the lease ended, or `None` while it has not.

@@ -24,6 +24,8 @@
 //! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
 //! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
 //! - [`Error`]: one error type; messages name the lock.
+//! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
+//!   for replicas after acquire and extend).
 //!
 //! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
 //! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
@@ -71,6 +73,26 @@
 //!   early. In each case the lock alone cannot stop the second writer — the
 //!   [`FencingToken`] can, if the resource rejects tokens lower than the highest it saw.
 //!
+//! # Topologies
+//!
+//! - **One Redis**: [`Client::connect`] / [`Client::builder`].
+//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with seed
+//!   URLs. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
+//!   the wake-up channel share its hash slot, so each operation runs on the one node
+//!   that owns the lock. Releases publish with `SPUBLISH` and waiters `SSUBSCRIBE` on
+//!   that node only (no cluster-wide broadcast). `MOVED`/`ASK` are followed and a
+//!   resharding costs retries, not exclusion — but acquiring a *free* lock whose slot
+//!   is mid-migration is refused by Redis (`TRYAGAIN`) until the migration ends; it is
+//!   retried for the client's [retry window](ClientBuilder::retry_window).
+//! - **Sentinel**: [`Client::sentinel`] / [`Client::sentinel_builder`] with the
+//!   sentinels' URLs and the master name. After a failover the client follows the
+//!   promoted replica. Locks whose write had not reached it are lost: another client
+//!   can take them before the holder learns it (at its next renewal, as
+//!   [`LostReason::Gone`]). Jepsen showed Sentinel loses acknowledged writes this way;
+//!   [`ReplicaAck`] narrows the window (it does not close it), fencing tokens make it
+//!   harmless to a resource that checks them. Set the retry window above your
+//!   failover time so that calls ride through a failover instead of failing.
+//!
 //! # Waiting
 //!
 //! A release publishes on the lock's channel in the same script that frees it; waiting
@@ -82,6 +104,7 @@
 
 mod acl;
 mod client;
+mod cluster;
 mod conn;
 mod error;
 mod fair;
@@ -94,12 +117,15 @@ mod notify;
 pub mod optimistic;
 mod redlock;
 mod renewer;
+mod replicas;
 mod rwlock;
 mod scripts;
 mod semaphore;
+mod sentinel;
 #[cfg(feature = "tls")]
 mod tls;
 mod token;
+mod topology;
 mod wait;
 
 pub use acl::acl_rules;
@@ -115,6 +141,7 @@ pub use lease::{Lease, LostReason};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
+pub use replicas::{OnShortfall, ReplicaAck};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
 pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, SemaphoreStatus};
 #[cfg(feature = "tls")]

@@ -9,6 +9,7 @@ use crate::client::{ClientInner, LeaseOptions};
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::lease::{Lease, LeaseShared, LostReason, ScriptCall};
+use crate::replicas::{OnShortfall, eval_acked};
 use crate::scripts::{MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_RELEASE, MUTEX_STATUS, array, int, opt_string};
 use crate::token::{FencingToken, Token};
 use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying, spawn_release};
@@ -120,9 +121,11 @@ impl Mutex {
     ///
     /// # Errors
     ///
-    /// [`Error::Contended`] when someone else holds the lock; [`Error::WrongType`],
-    /// [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be used (after
-    /// retrying temporary failures for the client's retry window).
+    /// [`Error::Contended`] when someone else holds the lock; [`Error::NotReplicated`]
+    /// when the lock's [`ReplicaAck`](crate::ReplicaAck) policy releases on a shortfall
+    /// and too few replicas acknowledged in time (the lock was released again);
+    /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot
+    /// be used (after retrying temporary failures for the client's retry window).
     pub async fn try_lock(&self) -> Result<MutexGuard> {
         self.acquire(None).await
     }
@@ -141,8 +144,10 @@ impl Mutex {
     ///
     /// # Errors
     ///
-    /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
-    /// used (after retrying temporary failures for the client's retry window).
+    /// [`Error::NotReplicated`] as for [`try_lock`](Mutex::try_lock) (the call does not
+    /// wait for replicas to come back); [`Error::WrongType`], [`Error::ReadOnly`] or
+    /// [`Error::Redis`] when Redis cannot be used (after retrying temporary failures
+    /// for the client's retry window).
     pub async fn lock(&self) -> Result<MutexGuard> {
         self.acquire(Some(None)).await
     }
@@ -188,20 +193,36 @@ impl Mutex {
             fallback: s.options.ttl,
         };
         let (pending_ref, cmd_ref, token_ref) = (&pending, &cmd, &token);
-        let (fence, lease) = acquire_loop(spec, move |deadline| async move {
+        let (fence, lease, acked) = acquire_loop(spec, move |deadline| async move {
             pending_ref.arm();
             let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                s.key(),
-                "acquire",
-                &MUTEX_ACQUIRE,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await
+            let (reply, acked) = match &s.options.replica_ack {
+                None => eval_retrying(
+                    &s.client,
+                    &s.name,
+                    s.key(),
+                    "acquire",
+                    &MUTEX_ACQUIRE,
+                    cmd_ref,
+                    deadline,
+                    Some(pending_ref),
+                )
+                .await
+                .map(|reply| (reply, None)),
+                Some(policy) => eval_acked(
+                    &s.client,
+                    &s.name,
+                    s.key(),
+                    "acquire",
+                    &MUTEX_ACQUIRE,
+                    cmd_ref,
+                    policy,
+                    deadline,
+                    Some(pending_ref),
+                )
+                .await
+                .map(|(reply, n)| (reply, Some(n))),
+            }
             .inspect_err(|e| {
                 if !e.is_unavailable() {
                     // A definite error reply: the script fails before any write.
@@ -213,6 +234,7 @@ impl Mutex {
                 return Ok(Attempt::Acquired((
                     fence as u64,
                     self.new_lease(token_ref, sent, s.options.ttl),
+                    acked,
                 )));
             }
             match array(&reply).unwrap_or_default() {
@@ -222,6 +244,7 @@ impl Mutex {
                     Ok(Attempt::Acquired((
                         fence,
                         self.new_lease(token_ref, sent, remaining),
+                        acked,
                     )))
                 }
                 [flag, pttl] if int(flag) == Some(0) => {
@@ -234,6 +257,36 @@ impl Mutex {
             }
         })
         .await?;
+        if let (Some(policy), Some(n)) = (&s.options.replica_ack, acked) {
+            lease.shared.set_replicas_acked(n);
+            if n < policy.replicas {
+                tracing::warn!(lock = %s.name, acked = n, wanted = policy.replicas, "too few replicas acknowledged the lock");
+                if policy.on_shortfall == OnShortfall::Release {
+                    lease.shared.end(LostReason::Released);
+                    let call = self.release_call(&token);
+                    let released = eval_retrying(
+                        &s.client,
+                        &s.name,
+                        s.key(),
+                        "release",
+                        call.script,
+                        &call.cmd(),
+                        None,
+                        Some(&pending),
+                    )
+                    .await;
+                    // On failure `pending` stays armed and releases in the background.
+                    if released.is_ok() {
+                        pending.disarm();
+                    }
+                    return Err(Error::NotReplicated {
+                        name: s.name.to_string(),
+                        acked: n,
+                        wanted: policy.replicas,
+                    });
+                }
+            }
+        }
         pending.disarm();
         tracing::debug!(lock = %s.name, fence, "lock acquired");
         Ok(MutexGuard {
@@ -317,28 +370,105 @@ impl Mutex {
     /// # Errors
     ///
     /// [`Error::InvalidTtl`], [`Error::NotHeld`] when the token does not hold the lock
-    /// (nothing is changed), and Redis errors.
+    /// (nothing is changed), [`Error::NotReplicated`] as for
+    /// [`MutexGuard::extend`], and Redis errors.
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
+        let (held, acked) = self.send_extend(token, ttl_ms).await?;
+        if !held {
+            return Err(Error::NotHeld {
+                name: s.name.to_string(),
+            });
+        }
+        self.check_replicas(token, acked, None).await
+    }
+
+    /// Extends the lease held by `token` to `ttl_ms`, waiting for replicas when the
+    /// lock has a policy. Returns whether the token held the lock, and how many
+    /// replicas acknowledged.
+    async fn send_extend(&self, token: &Token, ttl_ms: u64) -> Result<(bool, Option<u32>)> {
+        let s = &*self.shared;
         let cmd = MUTEX_EXTEND.evalsha(&s.keys, &[token.expose(), &s.client.retention_arg], Some(ttl_ms));
-        let reply = eval_retrying(
+        let (reply, acked) = match &s.options.replica_ack {
+            None => (
+                eval_retrying(
+                    &s.client,
+                    &s.name,
+                    s.key(),
+                    "extend",
+                    &MUTEX_EXTEND,
+                    &cmd,
+                    None,
+                    None,
+                )
+                .await?,
+                None,
+            ),
+            Some(policy) => {
+                let (reply, n) = eval_acked(
+                    &s.client,
+                    &s.name,
+                    s.key(),
+                    "extend",
+                    &MUTEX_EXTEND,
+                    &cmd,
+                    policy,
+                    None,
+                    None,
+                )
+                .await?;
+                (reply, Some(n))
+            }
+        };
+        Ok((int(&reply) == Some(1), acked))
+    }
+
+    /// Applies the replica-ack policy after a successful extend: on a shortfall under
+    /// [`OnShortfall::Release`], ends `lease` (if any), releases the lock and fails.
+    async fn check_replicas(
+        &self,
+        token: &Token,
+        acked: Option<u32>,
+        lease: Option<&LeaseShared>,
+    ) -> Result<()> {
+        let s = &*self.shared;
+        let (Some(policy), Some(n)) = (&s.options.replica_ack, acked) else {
+            return Ok(());
+        };
+        if let Some(lease) = lease {
+            lease.set_replicas_acked(n);
+        }
+        if n >= policy.replicas {
+            return Ok(());
+        }
+        tracing::warn!(lock = %s.name, acked = n, wanted = policy.replicas, "too few replicas acknowledged the extension");
+        if policy.on_shortfall == OnShortfall::Proceed {
+            return Ok(());
+        }
+        if let Some(lease) = lease {
+            lease.end(LostReason::Released);
+        }
+        let call = self.release_call(token);
+        let released = eval_retrying(
             &s.client,
             &s.name,
             s.key(),
-            "extend",
-            &MUTEX_EXTEND,
-            &cmd,
+            "release",
+            call.script,
+            &call.cmd(),
             None,
             None,
         )
-        .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
+        .await;
+        if released.is_err() {
+            spawn_release(s.client.clone(), s.name.clone(), call, s.options.ttl);
         }
+        Err(Error::NotReplicated {
+            name: s.name.to_string(),
+            acked: n,
+            wanted: policy.replicas,
+        })
     }
 
     /// Who holds the lock, for how long, its fencing tokens and how many wait.
@@ -351,8 +481,6 @@ impl Mutex {
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
         let cmd = MUTEX_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let mut numsub = redis::cmd("PUBSUB");
-        numsub.arg("NUMSUB").arg(&*s.channel);
         let (reply, waiters) = tokio::join!(
             eval_retrying(
                 &s.client,
@@ -364,13 +492,10 @@ impl Mutex {
                 None,
                 None
             ),
-            s.client.conn.send(&numsub),
+            s.client.topology.subscribers(&*s.client.conn, &s.channel),
         );
         let reply = reply?;
-        let waiters = waiters
-            .ok()
-            .and_then(|v| array(&v).and_then(|a| a.get(1)).and_then(int))
-            .unwrap_or(0);
+        let waiters = waiters.unwrap_or(0);
         let items = array(&reply).ok_or_else(|| bad_reply(s, "status"))?;
         let [held, pttl, label, fence, since, last] = items else {
             return Err(bad_reply(s, "status"));
@@ -460,6 +585,12 @@ impl MutexGuard {
         &self.lease
     }
 
+    /// How many replicas acknowledged the acquire (or the last [`extend`](Self::extend))
+    /// when the lock has a [`ReplicaAck`](crate::ReplicaAck) policy; `None` without one.
+    pub fn replicas_acked(&self) -> Option<u32> {
+        self.lease.replicas_acked()
+    }
+
     /// Until when the holder may rely on the lock (see [`Lease::valid_until`]).
     pub fn valid_until(&self) -> std::time::Instant {
         self.lease.valid_until()
@@ -489,7 +620,10 @@ impl MutexGuard {
     /// # Errors
     ///
     /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lease was already lost (the
-    /// guard then reports [`LostReason::Gone`]); Redis errors.
+    /// guard then reports [`LostReason::Gone`]); [`Error::NotReplicated`] when the lock
+    /// has a [`ReplicaAck`](crate::ReplicaAck) policy that releases on a shortfall and
+    /// too few replicas acknowledged the extension (the lock was released and the lease
+    /// ended); Redis errors.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let s = &*self.mutex.shared;
         let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
@@ -499,24 +633,9 @@ impl MutexGuard {
                 name: s.name.to_string(),
             });
         }
-        let cmd = MUTEX_EXTEND.evalsha(
-            &s.keys,
-            &[self.token().expose(), &s.client.retention_arg],
-            Some(ttl_ms),
-        );
         let sent = Instant::now();
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "extend",
-            &MUTEX_EXTEND,
-            &cmd,
-            None,
-            None,
-        )
-        .await?;
-        if int(&reply) != Some(1) {
+        let (held, acked) = self.mutex.send_extend(self.token(), ttl_ms).await?;
+        if !held {
             self.lease.shared.end(LostReason::Gone);
             return Err(Error::NotHeld {
                 name: s.name.to_string(),
@@ -528,7 +647,7 @@ impl MutexGuard {
         if shared.auto_renew {
             s.client.renewer.schedule(shared);
         }
-        Ok(())
+        self.mutex.check_replicas(self.token(), acked, Some(shared)).await
     }
 
     /// Releases the lock (compare-and-delete) and wakes a waiter.

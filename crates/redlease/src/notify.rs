@@ -14,6 +14,15 @@
 //! every waiter gets a permit (a message may have been missed) while the connection is
 //! rebuilt. And every wait is bounded by the holder's remaining TTL, so a wake-up that
 //! never comes costs at most that.
+//!
+//! Two backends feed the same waiters. On a single Redis (or a Sentinel-managed
+//! master) the connection is a RESP2 pub/sub connection and releases `PUBLISH`. On a
+//! Redis Cluster, a `PUBLISH` would be broadcast over the cluster bus to every node, so
+//! releases `SPUBLISH` instead and the notifier `SSUBSCRIBE`s through a RESP3 cluster
+//! connection, which routes each subscription to the node owning the channel's slot (the
+//! lock's slot) and delivers messages as push messages. When a slot migrates, its old
+//! owner drops the subscriptions (`sunsubscribe`): the notifier wakes the channel's
+//! waiters and subscribes again, reaching the new owner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,12 +30,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 /// How long a subscribe or ping may take before the connection is considered broken.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an idle subscribed connection is pinged to detect a dead peer.
 const PING_EVERY: Duration = Duration::from_secs(5);
+/// How soon a sharded subscription that failed (its node down) is tried again.
+const RESUBSCRIBE_EVERY: Duration = Duration::from_millis(250);
 
 /// One channel's local waiters.
 #[derive(Debug)]
@@ -59,6 +72,25 @@ impl Channel {
         if n > 0 {
             self.permits.add_permits(n);
         }
+    }
+
+    /// Wakes as many waiters as a message's payload says: `*` all, `<n>` that many (at
+    /// most as many as wait here), anything else one.
+    fn deliver(&self, payload: &[u8]) {
+        if payload == b"*" {
+            self.message(usize::MAX);
+        } else {
+            let n = std::str::from_utf8(payload)
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+                .unwrap_or(1);
+            self.message(n);
+        }
+    }
+
+    /// Everyone may have missed a message (a reconnect, a moved slot): wake them all.
+    fn wake_all(&self) {
+        self.message(usize::MAX);
     }
 
     /// A wake-up message arrived: counts it, then wakes `count` waiters.
@@ -99,6 +131,18 @@ impl Notifier {
         let registry = Arc::new(std::sync::Mutex::new(Registry::default()));
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(connect, registry.clone(), rx));
+        Notifier { registry, tx }
+    }
+
+    /// Starts the sharded pub/sub task of a cluster client on `conn`, a RESP3 cluster
+    /// connection whose push messages arrive on `pushes`.
+    pub fn spawn_sharded(
+        conn: redis::cluster_async::ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    ) -> Self {
+        let registry = Arc::new(std::sync::Mutex::new(Registry::default()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run_sharded(conn, pushes, registry.clone(), rx));
         Notifier { registry, tx }
     }
 
@@ -317,13 +361,7 @@ async fn serve(
                     return false;
                 };
                 let Some(ch) = lookup(registry, msg.get_channel_name()) else { continue };
-                let payload = msg.get_payload_bytes();
-                if payload == b"*" {
-                    ch.message(usize::MAX);
-                } else {
-                    let n = std::str::from_utf8(payload).ok().and_then(|s| s.parse::<usize>().ok()).unwrap_or(1);
-                    ch.message(n);
-                }
+                ch.deliver(msg.get_payload_bytes());
             }
             _ = ping.tick() => {
                 if registry.lock().expect("notifier lock").channels.is_empty() {
@@ -347,6 +385,175 @@ async fn sleep_or_shutdown(rx: &mut mpsc::UnboundedReceiver<Command>, delay: Dur
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => return false,
             cmd = rx.recv() => if cmd.is_none() { return true },
+        }
+    }
+}
+
+/// What a sharded (un)subscription or ping found.
+enum Done {
+    Subscribed(String, bool),
+    Unsubscribed,
+    Pinged(bool),
+}
+
+fn ssubscribe(mut conn: redis::cluster_async::ClusterConnection, name: String) -> BoxFuture<'static, Done> {
+    Box::pin(async move {
+        let ok = matches!(
+            tokio::time::timeout(COMMAND_TIMEOUT, conn.ssubscribe(&name)).await,
+            Ok(Ok(()))
+        );
+        if !ok {
+            tracing::debug!(channel = %name, "sharded subscription failed; retrying");
+        }
+        Done::Subscribed(name, ok)
+    })
+}
+
+fn sunsubscribe(mut conn: redis::cluster_async::ClusterConnection, name: String) -> BoxFuture<'static, Done> {
+    Box::pin(async move {
+        // A failure leaves a subscription nobody listens to; its messages are ignored.
+        let _ = tokio::time::timeout(COMMAND_TIMEOUT, conn.sunsubscribe(&name)).await;
+        Done::Unsubscribed
+    })
+}
+
+fn ping(mut conn: redis::cluster_async::ClusterConnection) -> BoxFuture<'static, Done> {
+    Box::pin(async move {
+        // PING goes to every master.
+        let pong: Result<redis::RedisResult<redis::Value>, _> =
+            tokio::time::timeout(COMMAND_TIMEOUT, redis::cmd("PING").query_async(&mut conn)).await;
+        Done::Pinged(matches!(pong, Ok(Ok(_))))
+    })
+}
+
+fn text(v: &redis::Value) -> Option<&str> {
+    match v {
+        redis::Value::BulkString(b) => std::str::from_utf8(b).ok(),
+        redis::Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
+/// The sharded pub/sub task of a cluster client.
+///
+/// redis-rs keeps the node connections up and, after a reconnect or a topology change,
+/// subscribes them again to the channels their slots hold. On top of that this task
+/// subscribes and unsubscribes as waiters come and go (concurrently, so one slow node
+/// does not delay the others' messages), subscribes again to channels whose node
+/// dropped them or whose subscription failed, and wakes every waiter of a channel
+/// whose messages may have been missed.
+async fn run_sharded(
+    conn: redis::cluster_async::ClusterConnection,
+    mut pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    registry: Arc<std::sync::Mutex<Registry>>,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+) {
+    use redis::PushKind;
+
+    let mut inflight: FuturesUnordered<BoxFuture<'static, Done>> = FuturesUnordered::new();
+    let mut retry: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut ping_every = tokio::time::interval(PING_EVERY);
+    ping_every.tick().await;
+    let mut retry_every = tokio::time::interval(RESUBSCRIBE_EVERY);
+    retry_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pinging = false;
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                None => return,
+                Some(Command::Subscribe(name)) => {
+                    if lookup(&registry, &name).is_some() {
+                        inflight.push(ssubscribe(conn.clone(), name));
+                    }
+                }
+                Some(Command::Unsubscribe(name)) => {
+                    if lookup(&registry, &name).is_none() {
+                        retry.remove(&name);
+                        inflight.push(sunsubscribe(conn.clone(), name));
+                    }
+                }
+            },
+            Some(done) = inflight.next(), if !inflight.is_empty() => match done {
+                Done::Subscribed(name, ok) => match lookup(&registry, &name) {
+                    Some(ch) if ok => {
+                        ch.subscribed.send_replace(true);
+                    }
+                    // Waiters poll (bounded by the holder's TTL) until a retry works.
+                    Some(_) => {
+                        retry.insert(name);
+                    }
+                    None => {}
+                },
+                Done::Unsubscribed => {}
+                Done::Pinged(ok) => {
+                    pinging = false;
+                    if !ok {
+                        tracing::debug!("a cluster node did not answer a ping; waking every waiter");
+                        for (name, ch) in channels(&registry) {
+                            ch.wake_all();
+                            retry.insert(name);
+                        }
+                    }
+                }
+            },
+            push = pushes.recv() => {
+                // The connection's task owns the sender; it ends only with the connection.
+                let Some(push) = push else { return };
+                match push.kind {
+                    PushKind::SMessage => {
+                        if let [channel, payload, ..] = push.data.as_slice()
+                            && let Some(ch) = text(channel).and_then(|c| lookup(&registry, c))
+                        {
+                            let payload = match payload {
+                                redis::Value::BulkString(b) => b.as_slice(),
+                                redis::Value::SimpleString(s) => s.as_bytes(),
+                                _ => b"1",
+                            };
+                            ch.deliver(payload);
+                        }
+                    }
+                    PushKind::SSubscribe => {
+                        // Also sent when redis-rs resubscribes after a reconnect.
+                        if let Some(ch) = push.data.first().and_then(text).and_then(|c| lookup(&registry, c)) {
+                            ch.subscribed.send_replace(true);
+                        }
+                    }
+                    PushKind::SUnsubscribe => {
+                        // Either our own unsubscribe, or the node dropped the channel
+                        // because its slot moved away: then subscribe again (reaching the
+                        // new owner) and let the waiters retry, a release may be missed.
+                        if let Some(name) = push.data.first().and_then(text)
+                            && let Some(ch) = lookup(&registry, name)
+                        {
+                            tracing::debug!(channel = %name, "node dropped a sharded subscription; subscribing again");
+                            ch.subscribed.send_replace(false);
+                            ch.wake_all();
+                            inflight.push(ssubscribe(conn.clone(), name.to_owned()));
+                        }
+                    }
+                    PushKind::Disconnection => {
+                        tracing::debug!("a cluster node connection dropped; waking every waiter");
+                        for (name, ch) in channels(&registry) {
+                            ch.wake_all();
+                            retry.insert(name);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ = retry_every.tick(), if !retry.is_empty() => {
+                for name in retry.drain() {
+                    if lookup(&registry, &name).is_some() {
+                        inflight.push(ssubscribe(conn.clone(), name));
+                    }
+                }
+            }
+            _ = ping_every.tick() => {
+                if !pinging && !registry.lock().expect("notifier lock").channels.is_empty() {
+                    pinging = true;
+                    inflight.push(ping(conn.clone()));
+                }
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use crate::conn::{CommandConnection, eval_many};
+use crate::conn::{Batching, CommandConnection, eval_batch};
 use crate::lease::{LeaseShared, LostReason};
 use crate::scripts::int;
 
@@ -66,6 +66,12 @@ pub(crate) struct Renewer {
 
 impl Renewer {
     pub fn spawn(conn: Arc<dyn CommandConnection>) -> Self {
+        Self::spawn_batching(conn, Batching::OnePipeline)
+    }
+
+    /// As [`spawn`](Self::spawn), sending each tick's renewals as `batching` says (one
+    /// pipeline per slot on a cluster).
+    pub fn spawn_batching(conn: Arc<dyn CommandConnection>, batching: Batching) -> Self {
         let (alive, closed) = mpsc::channel(1);
         let inbox = Arc::new(Inbox {
             pending: std::sync::Mutex::new(Vec::new()),
@@ -74,7 +80,7 @@ impl Renewer {
             notify: Notify::new(),
             counters: RenewalCounters::default(),
         });
-        tokio::spawn(run(conn, inbox.clone(), closed));
+        tokio::spawn(run(conn, batching, inbox.clone(), closed));
         Renewer {
             inbox,
             _alive: Arc::new(alive),
@@ -109,7 +115,12 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
         .min(u128::from(u64::MAX - 1)) as u64
 }
 
-async fn run(conn: Arc<dyn CommandConnection>, inbox: Arc<Inbox>, mut closed: mpsc::Receiver<()>) {
+async fn run(
+    conn: Arc<dyn CommandConnection>,
+    batching: Batching,
+    inbox: Arc<Inbox>,
+    mut closed: mpsc::Receiver<()>,
+) {
     let mut queue: BTreeMap<(Instant, u64), Entry> = BTreeMap::new();
     let mut seq: u64 = 0;
     let mut push = |queue: &mut BTreeMap<(Instant, u64), Entry>, (lease, due, epoch): Scheduled| {
@@ -150,7 +161,7 @@ async fn run(conn: Arc<dyn CommandConnection>, inbox: Arc<Inbox>, mut closed: mp
                 if batch.is_empty() {
                     continue;
                 }
-                for (lease, due, epoch) in renew(&*conn, batch, &inbox.counters).await {
+                for (lease, due, epoch) in renew(&*conn, batching, batch, &inbox.counters).await {
                     // An extend() may have rescheduled the lease while it was renewed.
                     if lease.epoch() == epoch {
                         push(&mut queue, (lease, due, epoch));
@@ -186,6 +197,7 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared
 /// Renews a batch in one round trip; returns the leases to requeue with their due times.
 async fn renew(
     conn: &dyn CommandConnection,
+    batching: Batching,
     batch: Vec<(Arc<LeaseShared>, u64)>,
     counters: &RenewalCounters,
 ) -> Vec<(Arc<LeaseShared>, Instant, u64)> {
@@ -195,7 +207,7 @@ async fn renew(
         .collect();
     let ttls: Vec<Duration> = batch.iter().map(|(l, _)| l.ttl()).collect();
     let sent = Instant::now();
-    let (results, round_trips) = eval_many(conn, &calls).await;
+    let (results, round_trips) = eval_batch(conn, &calls, batching).await;
     counters.ticks.fetch_add(1, Ordering::Relaxed);
     counters.round_trips.fetch_add(round_trips, Ordering::Relaxed);
     tracing::trace!(leases = batch.len(), elapsed = ?sent.elapsed(), "renewal tick");

@@ -37,10 +37,31 @@ pub(crate) async fn eval_retrying(
     deadline: Option<Instant>,
     pending: Option<&Pending>,
 ) -> Result<Value> {
+    retrying(client, name, key, op, deadline, pending, || {
+        eval(&*client.conn, script, cmd)
+    })
+    .await
+}
+
+/// Runs `send` — an idempotent request — retrying it as [`eval_retrying`] does.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn retrying<T, F, Fut>(
+    client: &ClientInner,
+    name: &str,
+    key: &str,
+    op: &'static str,
+    deadline: Option<Instant>,
+    pending: Option<&Pending>,
+    mut send: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = redis::RedisResult<T>>,
+{
     let started = Instant::now();
     let mut delay = RETRY_FIRST;
     loop {
-        match eval(&*client.conn, script, cmd).await {
+        match send().await {
             Ok(v) => return Ok(v),
             Err(e) if is_transient(&e) => {
                 if let Some(p) = pending {

@@ -42,6 +42,21 @@ impl LuaScript {
         cmd
     }
 
+    /// The `EVAL` twin of an `EVALSHA` call built by [`evalsha`](Self::evalsha): same
+    /// keys and arguments, the script's code instead of its SHA. Sent after NOSCRIPT, it
+    /// runs the call and caches the script in one round trip — and, being routed by its
+    /// first key like the EVALSHA, on a cluster it lands on the node that owns the slot.
+    pub fn eval_from(&self, evalsha: &Cmd) -> Cmd {
+        let mut cmd = Cmd::with_capacity(evalsha.args_iter().len(), self.code.len() + 64);
+        cmd.arg("EVAL").arg(&self.code);
+        for arg in evalsha.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
+    }
+
     /// `SCRIPT LOAD <code>`
     pub fn load_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("SCRIPT");
@@ -192,6 +207,23 @@ pub(crate) fn array(v: &Value) -> Option<&[Value]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eval_from_keeps_keys_and_arguments() {
+        let evalsha = MUTEX_EXTEND.evalsha(&["k", "{k}:meta"], &["tok", "60000"], Some(1500));
+        let eval = MUTEX_EXTEND.eval_from(&evalsha);
+        let args: Vec<Vec<u8>> = eval
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(args[0], b"EVAL");
+        assert_eq!(args[1], MUTEX_EXTEND.code().as_bytes());
+        let rest: Vec<&[u8]> = args[2..].iter().map(Vec::as_slice).collect();
+        assert_eq!(rest, [&b"2"[..], b"k", b"{k}:meta", b"tok", b"60000", b"1500"]);
+    }
 
     #[test]
     fn every_script_documents_its_interface() {

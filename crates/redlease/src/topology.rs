@@ -1,0 +1,79 @@
+//! What kind of deployment a client talks to, and the few things that differ with it:
+//! how batches travel, how releases are published, and where "how many wait" is asked.
+
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use crate::conn::{Batching, CommandConnection};
+
+/// The deployment behind a client.
+#[derive(Clone, Default)]
+pub(crate) enum Deployment {
+    /// One Redis server (or anything that looks like one, such as a proxy).
+    #[default]
+    Standalone,
+    /// A master found through Sentinel; behaves like a standalone server between
+    /// failovers.
+    Sentinel,
+    /// A Redis Cluster. The connection is the wake-up connection, which also routes
+    /// `PUBSUB SHARDNUMSUB` to a slot's master.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+/// The deployment, plus what the client knows about its command connection.
+#[derive(Clone, Default)]
+pub(crate) struct Topology {
+    pub deployment: Deployment,
+    /// Reply timeout of the command connection, when redlease opened it.
+    pub response_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.deployment {
+            Deployment::Standalone => "standalone",
+            Deployment::Sentinel => "sentinel",
+            Deployment::Cluster(_) => "cluster",
+        };
+        f.debug_struct("Topology")
+            .field("deployment", &kind)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl Topology {
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.deployment, Deployment::Cluster(_))
+    }
+
+    /// How renewal batches travel.
+    pub fn batching(&self) -> Batching {
+        if self.is_cluster() {
+            Batching::PerSlot
+        } else {
+            Batching::OnePipeline
+        }
+    }
+
+    /// The command release scripts publish wake-ups with.
+    pub fn publish_command(&self) -> &'static str {
+        if self.is_cluster() { "SPUBLISH" } else { "PUBLISH" }
+    }
+
+    /// How many client connections are subscribed to `channel`: each waiting process
+    /// counts once.
+    pub async fn subscribers(&self, conn: &dyn CommandConnection, channel: &str) -> RedisResult<i64> {
+        match &self.deployment {
+            Deployment::Cluster(router) => crate::cluster::shard_subscribers(router, channel).await,
+            Deployment::Standalone | Deployment::Sentinel => {
+                let mut cmd = redis::cmd("PUBSUB");
+                cmd.arg("NUMSUB").arg(channel);
+                let reply = conn.send(&cmd).await?;
+                Ok(crate::cluster::count_of(&reply, channel).unwrap_or(0))
+            }
+        }
+    }
+}
