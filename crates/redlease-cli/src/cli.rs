@@ -49,16 +49,16 @@ not be run; 2 for usage errors.";
 pub struct Cli {
     /// Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// for TLS,
     /// redis+unix:///PATH for a socket
-    #[arg(long, value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL)]
     pub redis: String,
 
     /// Key prefix: lock NAME lives at key <P><NAME> (may be empty: --prefix '')
-    #[arg(long, value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
     pub prefix: String,
 
     /// How long to wait for each Redis reply (a request that times out is retried for
     /// a few seconds before redlease gives up with status 69)
-    #[arg(long, value_name = "DUR", default_value = "2s", value_parser = duration)]
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = duration)]
     pub response_timeout: Duration,
 
     #[command(subcommand)]
@@ -368,6 +368,23 @@ mod tests {
             );
         }
         assert!(RUN_HELP.contains(&format!("status {}", exit::LEASE_LOST)));
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_subcommand() {
+        for args in [
+            &["redlease", "--redis", "redis://h:1", "demo"][..],
+            &["redlease", "demo", "--redis", "redis://h:1"],
+        ] {
+            let matches = Cli::command().try_get_matches_from(args).unwrap();
+            assert_eq!(
+                matches.value_source("redis"),
+                Some(clap::parser::ValueSource::CommandLine),
+                "{args:?}"
+            );
+            let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+            assert_eq!(cli.redis, "redis://h:1");
+        }
     }
 
     #[test]

@@ -24,6 +24,21 @@ use crate::manage::human;
 use crate::signals::Signals;
 use crate::{Global, connect};
 
+/// Prints a line, ignoring a closed stdout (`redlease demo | head`): the demo must still
+/// stop its workers and its server.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// As `say!`, without the newline.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// The lease of the demo lock: short enough that a crashed worker would not stall the
 /// others for long, far longer than a turn.
 const DEMO_TTL: Duration = Duration::from_secs(10);
@@ -75,23 +90,23 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
         .await
         .map_err(|e| redis_failure(e, &target))?;
 
-    println!(
+    say!(
         "redlease demo: {} workers take turns on lock {lock_name:?} for {}; under the lock each \
          reads a shared counter and writes it back + 1",
         args.workers,
         human(args.duration)
     );
     match &server {
-        Some(s) => println!(
+        Some(s) => say!(
             "redis: a throwaway redis-server on {} (stopped at the end)",
             s.addr()
         ),
-        None => println!(
+        None => say!(
             "redis: {shown_url} (keys under {}{lock_name}, removed at the end)",
             global.prefix
         ),
     }
-    println!();
+    say!();
 
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
@@ -131,10 +146,10 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
                 let (line, acquisitions) = progress(&shared, now - started, now - last.0, last.1);
                 last = (now, acquisitions);
                 if tty {
-                    print!("\r\x1b[2K{line}");
+                    say_raw!("\r\x1b[2K{line}");
                     let _ = std::io::stdout().flush();
                 } else {
-                    println!("{line}");
+                    say!("{line}");
                 }
             }
             received = signals.recv() => {
@@ -144,7 +159,7 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
         }
     }
     if tty {
-        println!();
+        say!();
     }
     shared.stop.store(true, Ordering::SeqCst);
     let elapsed = started.elapsed();
@@ -175,7 +190,7 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
     if let Some(s) = server {
         let addr = s.addr();
         drop(s);
-        println!("stopped the throwaway redis-server on {addr}");
+        say!("stopped the throwaway redis-server on {addr}");
     }
     if let Some(f) = failure {
         return Err(f);
@@ -202,7 +217,7 @@ async fn choose_server(global: &Global) -> Result<(Option<RedisServer>, String, 
     if answers {
         return Ok((None, global.url.clone(), global.shown_url.clone()));
     }
-    println!("nothing answers at {DEFAULT_URL}; starting a throwaway redis-server...");
+    say!("nothing answers at {DEFAULT_URL}; starting a throwaway redis-server...");
     let server = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .map_err(|e| Failure::new(exit::FAILED, format!("starting redis-server failed: {e}")))?
@@ -330,49 +345,51 @@ fn summary(shared: &Shared, elapsed: Duration, counter: u64) -> Result<(), Failu
     waits.sort_unstable();
     let secs = elapsed.as_secs_f64().max(1e-3);
     let lost = stats.acquisitions as i64 - counter as i64;
-    println!();
-    println!(
+    say!();
+    say!(
         "  acquisitions     {:>8}   ({:.0}/s)",
         stats.acquisitions,
         stats.acquisitions as f64 / secs
     );
-    println!(
+    say!(
         "  handoffs         {:>8}   ({:.0}/s; the lock passed from one worker to another)",
         stats.handoffs,
         stats.handoffs as f64 / secs
     );
-    println!(
+    say!(
         "  wait for lock    p50 {}   p99 {}   max {}",
         micros(percentile(&waits, 50.0)),
         micros(percentile(&waits, 99.0)),
         micros(waits.last().copied().unwrap_or(0)),
     );
-    println!(
+    say!(
         "  lost updates     {:>8}   (counter {counter} after {} locked increments)",
-        lost, stats.acquisitions
+        lost,
+        stats.acquisitions
     );
     if stats.fences_out_of_order == 0 {
-        println!(
+        say!(
             "  fencing tokens   monotonic: each of {} was greater than the one before",
             stats.acquisitions
         );
     } else {
-        println!(
+        say!(
             "  fencing tokens   NOT monotonic: {} of {} were not greater than the one before",
-            stats.fences_out_of_order, stats.acquisitions
+            stats.fences_out_of_order,
+            stats.acquisitions
         );
     }
     if stats.leases_lost > 0 {
-        println!("  leases lost      {:>8}", stats.leases_lost);
+        say!("  leases lost      {:>8}", stats.leases_lost);
     }
-    println!();
+    say!();
     if lost != 0 || stats.fences_out_of_order != 0 || stats.leases_lost != 0 {
         return Err(Failure::new(
             exit::FAILED,
             "mutual exclusion broke: see the summary above",
         ));
     }
-    println!("all good: no update lost, fencing tokens in order.");
+    say!("all good: no update lost, fencing tokens in order.");
     Ok(())
 }
 

@@ -92,8 +92,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
             token.expose()
         )
     };
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    if let Err(e) = emit(&text) {
         // Nobody learned the token: give the lock back rather than strand it for --ttl.
         let _ = mutex.release_token(&token).await;
         return Err(Failure::caused(exit::FAILED, e).hint("the lock was released again"));
@@ -174,8 +173,15 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         lines.push(format!("waiters:    {}", status.waiters));
         lines.join("\n")
     };
-    println!("{text}");
+    emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` to stdout, reporting a closed pipe instead of panicking.
+fn emit(text: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()
 }
 
 /// A duration for people: `1.5s`, `250ms`, `2m 30s`.
