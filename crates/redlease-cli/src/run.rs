@@ -10,7 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use nix::unistd::{Pid, getpgid, getpgrp};
 use redlease::{LeaseOptions, LostReason};
 use tokio::process::Command;
 use tokio::time::{Instant, sleep_until};
@@ -78,8 +78,9 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
                 kill_at = None;
             }
             received = signals.recv() => {
-                // A signal from the terminal reached CMD already (same process group).
-                if received.sent_by_process {
+                // The terminal signals its whole foreground process group: if CMD is in
+                // ours, it has the signal already.
+                if received.sent_by_process || !in_our_process_group(&child) {
                     send(&child, received.signal);
                 }
             }
@@ -113,6 +114,14 @@ fn send(child: &tokio::process::Child, signal: Signal) {
     if let Some(pid) = child.id() {
         let _ = kill(Pid::from_raw(pid as i32), signal);
     }
+}
+
+/// Whether CMD is in redlease's process group (it is, unless it moved itself out).
+fn in_our_process_group(child: &tokio::process::Child) -> bool {
+    child
+        .id()
+        .and_then(|pid| getpgid(Some(Pid::from_raw(pid as i32))).ok())
+        == Some(getpgrp())
 }
 
 /// CMD's exit status as redlease reports it: its code, or 128+N for signal N.

@@ -4,10 +4,11 @@
 //! the signal on to CMD and releases the lock once CMD has exited. But a signal typed at
 //! the terminal (Ctrl-C) already goes to CMD, which is in redlease's foreground process
 //! group; passing it on again would deliver it twice, and many programs treat a second
-//! Ctrl-C as "quit now, skip the cleanup". So each signal is passed on only when another
-//! process sent it (`kill`, `timeout`, a supervisor), which the kernel records in
-//! `si_code`: zero or negative for signals sent by a process, positive for those the
-//! kernel (the terminal driver) generated.
+//! Ctrl-C as "quit now, skip the cleanup". So a signal is passed on when another process
+//! sent it (`kill`, `timeout`, a supervisor), which the kernel records in `si_code`: zero
+//! or negative for signals sent by a process, positive for those the kernel (the
+//! terminal driver) generated — or when CMD has left redlease's process group, so the
+//! terminal's signal did not reach it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -489,6 +489,56 @@ fn signals_reach_cmd_once_and_the_lock_is_released() {
     }
 }
 
+/// Ctrl-C typed at a terminal: the terminal signals its foreground process group, CMD
+/// included, so redlease must not pass the signal on a second time — unless CMD left the
+/// process group (`setsid`), when only redlease's forwarding can reach it. Runs redlease
+/// on a pseudo-terminal with util-linux `script`.
+#[test]
+fn ctrl_c_at_a_terminal_reaches_cmd_exactly_once() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: util-linux `script` is not installed");
+        return;
+    }
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child.sh");
+    // Keeps running for ~0.5 s after the Ctrl-C and reports every SIGINT it gets.
+    std::fs::write(
+        &child,
+        "trap 'echo got-INT' INT\necho ready\ni=0\nwhile [ $i -lt 25 ]; do sleep 0.02; i=$((i + 1)); done\necho done\n",
+    )
+    .unwrap();
+    for wrapper in ["", "setsid "] {
+        let line = format!(
+            "exec '{BIN}' --redis {} run tty -- {wrapper}sh '{}'",
+            server.url(),
+            child.display()
+        );
+        let started = Instant::now();
+        let mut cmd = Command::new("script");
+        cmd.args(["-qfec", &line, "/dev/null"]).env_remove("REDIS_URL");
+        let (mut term, mut stdout) = start_until_ready(cmd);
+        let mut stdin = term.stdin.take().unwrap();
+        stdin.write_all(b"\x03").unwrap(); // Ctrl-C
+        stdin.flush().unwrap();
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        drop(stdin);
+        let out = finish(term, started);
+        assert_eq!(out.code, 0, "{wrapper}: {rest} {out:?}");
+        assert_eq!(
+            rest.matches("got-INT").count(),
+            1,
+            "{wrapper}sh: CMD got SIGINT once: {rest:?}"
+        );
+        assert!(rest.contains("done"), "CMD kept running after its trap: {rest:?}");
+        assert!(
+            !conn(&server).exists::<_, bool>("redlease:tty").unwrap(),
+            "released"
+        );
+    }
+}
+
 #[test]
 fn a_signal_while_waiting_exits_128_plus_n_and_leaves_nothing() {
     let server = server();
