@@ -91,18 +91,18 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
         .map_err(|e| redis_failure(e, &target))?;
 
     say!(
-        "redlease demo: {} workers take turns on lock {lock_name:?} for {}; under the lock each \
-         reads a shared counter and writes it back + 1",
+        "redlease demo: {} workers, one lock ({lock_name:?}), {}",
         args.workers,
         human(args.duration)
     );
+    say!("  each turn: take the lock, read a shared counter from Redis, write it back + 1, release");
     match &server {
         Some(s) => say!(
-            "redis: a throwaway redis-server on {} (stopped at the end)",
+            "  redis: a throwaway redis-server on {} (stopped at the end)",
             s.addr()
         ),
         None => say!(
-            "redis: {shown_url} (keys under {}{lock_name}, removed at the end)",
+            "  redis: {shown_url} (keys under {}{lock_name}, removed at the end)",
             global.prefix
         ),
     }
@@ -310,7 +310,7 @@ async fn worker(
         }
         // A moment of work outside the lock, as real workers have: it lets a waiter in
         // instead of the releaser taking the lock straight back.
-        sleep(Duration::from_micros(200 + (id as u64 * 37) % 300)).await;
+        sleep(Duration::from_millis(1)).await;
     }
     Ok(())
 }
@@ -357,7 +357,7 @@ fn summary(shared: &Shared, elapsed: Duration, counter: u64) -> Result<(), Failu
         stats.handoffs as f64 / secs
     );
     say!(
-        "  wait for lock    p50 {}   p99 {}   max {}",
+        "  wait for lock    p50 {}   p99 {}   max {}   (not FIFO: an unlucky waiter can lose several rounds)",
         micros(percentile(&waits, 50.0)),
         micros(percentile(&waits, 99.0)),
         micros(waits.last().copied().unwrap_or(0)),
