@@ -102,7 +102,8 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
             s.addr()
         ),
         None => say!(
-            "  redis: {shown_url} (keys under {}{lock_name}, removed at the end)",
+            "  redis: {shown_url} (keys of lock {}{lock_name}: the counter is deleted at the end, \
+             the lock's metadata expires on its own)",
             global.prefix
         ),
     }
