@@ -1,0 +1,395 @@
+//! The command line: every option, its help text and how its value is parsed.
+//!
+//! The doc comments below *are* the `--help` output, so they are written for the
+//! person typing the command.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use nix::sys::signal::Signal;
+
+/// Where redlease looks for Redis when neither `--redis` nor `REDIS_URL` says otherwise.
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+const EXIT_STATUS_HELP: &str = "\
+Exit status:
+    0        success (run: CMD exited with 0)
+    1..125   run: CMD's own exit status
+    128+N    run: CMD died of signal N (redlease itself: interrupted by signal N while waiting)
+    1        release, extend: the token does not hold the lock (nothing was changed)
+    2        usage error: unknown flag, bad duration, empty name, invalid URL
+    69       Redis is unreachable or answered with an error
+    75       the lock was not acquired within --wait (or at once with --no-wait)
+    79       run: the lease was lost while CMD ran; CMD was sent --lost-signal
+    126/127  run: CMD could not be executed / was not found";
+
+const RUN_HELP: &str = "\
+CMD gets REDLEASE_NAME, REDLEASE_KEY and REDLEASE_FENCE (the fencing token: a number that \
+rises with every acquisition of the lock; hand it to the resource you protect so it can \
+refuse a stale holder). SIGINT, SIGTERM and SIGHUP sent to redlease are passed on to CMD \
+(not twice when they come from the terminal, which signals CMD itself); the lock is \
+released once CMD exits.
+
+If the lease is lost while CMD runs (the key was deleted or taken over, or Redis could \
+not be reached before the lease ran out), CMD gets --lost-signal, then SIGKILL after \
+--grace, and redlease exits with status 79.
+
+Exit status: CMD's own; 128+N if CMD died of signal N; 75 if the lock was not acquired; \
+79 if the lease was lost while CMD ran; 69 if Redis is unreachable; 126/127 if CMD could \
+not be run; 2 for usage errors.";
+
+/// Distributed locks on Redis: run a command under a lock, or take, inspect and release one.
+///
+/// Locks live at key <PREFIX><NAME> in the format redis-py, node-redlock and redsync use,
+/// so those clients and redlease exclude each other. Every acquisition gets a fencing
+/// token that rises strictly.
+#[derive(Debug, Parser)]
+#[command(name = "redlease", version, after_help = EXIT_STATUS_HELP)]
+pub struct Cli {
+    /// Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// for TLS,
+    /// redis+unix:///PATH for a socket
+    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL)]
+    pub redis: String,
+
+    /// Key prefix: lock NAME lives at key <P><NAME> (may be empty: --prefix '')
+    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
+    pub prefix: String,
+
+    /// How long to wait for each Redis reply (a request that times out is retried for
+    /// a few seconds before redlease gives up with status 69)
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = duration)]
+    pub response_timeout: Duration,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run CMD while holding a lock, renewing its lease until CMD exits (like flock(1))
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+
+    /// Take a lock and leave it held, without renewal, for --ttl; print its token
+    ///
+    /// Prints REDLEASE_TOKEN=…, REDLEASE_FENCE=… and REDLEASE_TTL_MS=… lines, ready for a
+    /// shell's `eval`, or one JSON object with --json. The token releases the lock: keep
+    /// it secret. Exit status 75 when the lock was not acquired.
+    Acquire(AcquireArgs),
+
+    /// Release a lock taken with `acquire`
+    ///
+    /// Exit status 1, changing nothing, when the token does not hold the lock.
+    Release(ReleaseArgs),
+
+    /// Set the remaining lease of a lock taken with `acquire` to --ttl
+    ///
+    /// Exit status 1, changing nothing, when the token does not hold the lock.
+    Extend(ExtendArgs),
+
+    /// Show who holds a lock, for how long, its fencing token and waiters (never its token)
+    ///
+    /// Exit status 0 whether or not the lock is held (see `held` in --json).
+    Status(StatusArgs),
+
+    /// Watch the lock at work: workers contend on one lock guarding a shared counter
+    ///
+    /// Without --redis (and REDIS_URL), and with nothing answering at the default address,
+    /// starts a throwaway redis-server on a free loopback port and stops it at the end.
+    /// Ends with a summary: acquisitions, handoffs/s, wait p50/p99, lost updates (must be
+    /// 0) and whether fencing tokens rose monotonically. Exit status 1 if an update was
+    /// lost or a fencing token went backwards.
+    Demo(DemoArgs),
+
+    /// Print a shell completion script
+    ///
+    /// For example: redlease completions bash > ~/.local/share/bash-completion/completions/redlease
+    Completions {
+        /// The shell to complete for
+        #[arg(value_name = "SHELL")]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// How long to wait for a held lock.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WaitArgs {
+    /// Give up (exit status 75) if the lock is not acquired within DUR [default: wait as
+    /// long as it takes]
+    #[arg(long, value_name = "DUR", value_parser = duration, conflicts_with = "no_wait")]
+    pub wait: Option<Duration>,
+
+    /// Give up at once (exit status 75) if the lock is held
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Lease length: renewed every third of it while CMD runs; if redlease dies, the lock
+    /// frees itself this long after the last renewal
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl)]
+    pub ttl: Duration,
+
+    #[command(flatten)]
+    pub wait: WaitArgs,
+
+    /// Signal sent to CMD when the lease is lost (name or number)
+    #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = signal)]
+    pub lost_signal: Signal,
+
+    /// How long CMD may take to exit after --lost-signal before it gets SIGKILL
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration)]
+    pub grace: Duration,
+
+    /// The command to run, and its arguments (after `--`)
+    #[arg(value_name = "CMD", required = true, last = true)]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Lease length: the lock frees itself this long after it was taken (or extended)
+    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    pub ttl: Duration,
+
+    #[command(flatten)]
+    pub wait: WaitArgs,
+
+    /// Print one JSON object: name, key, token, fence, ttl_ms, owner
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// The token `acquire` printed
+    #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
+    pub token: redlease::Token,
+}
+
+#[derive(Debug, Args)]
+pub struct ExtendArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// The token `acquire` printed
+    #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
+    pub token: redlease::Token,
+
+    /// The new remaining lease, from now
+    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    pub ttl: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Print one JSON object: name, key, held, owner, ttl_ms, fence, last_fence,
+    /// since_ms, waiters
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// How many workers contend for the lock (each with its own connections, like a
+    /// separate process)
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub workers: u16,
+
+    /// How long the workers run
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = duration)]
+    pub duration: Duration,
+}
+
+/// A human duration: `500ms`, `30s`, `2m`, `1h 30m`.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 2m or 1h30m)"))
+}
+
+/// A lease length the library accepts.
+fn ttl(s: &str) -> Result<Duration, String> {
+    let ttl = duration(s)?;
+    if ttl < redlease::MIN_TTL {
+        return Err(format!(
+            "a lease must last at least {}",
+            humantime::format_duration(redlease::MIN_TTL)
+        ));
+    }
+    if ttl > redlease::MAX_TTL {
+        return Err("a lease may last at most 30 days".into());
+    }
+    Ok(ttl)
+}
+
+/// A lock name: not empty, not too long, no control characters. (Names whose key
+/// would break its cluster slot are refused later, by the library, with status 2.)
+fn name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the lock name must not be empty".into());
+    }
+    if s.len() > redlease::MAX_NAME_LEN {
+        return Err(format!(
+            "the lock name is longer than {} bytes",
+            redlease::MAX_NAME_LEN
+        ));
+    }
+    if s.chars().any(char::is_control) {
+        return Err("the lock name contains control characters".into());
+    }
+    Ok(s.to_owned())
+}
+
+fn token(s: &str) -> Result<redlease::Token, String> {
+    redlease::Token::from_secret(s)
+        .ok_or_else(|| "a token is 1 to 512 bytes long; pass the one `acquire` printed".into())
+}
+
+/// A signal by name (`TERM`, `SIGTERM`, `term`) or number (`15`).
+fn signal(s: &str) -> Result<Signal, String> {
+    let bad = || format!("unknown signal {s:?} (use a name such as TERM, INT, HUP, USR1, or a number)");
+    if let Ok(n) = s.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| bad());
+    }
+    let upper = s.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    full.parse::<Signal>().map_err(|_| bad())
+}
+
+impl WaitArgs {
+    /// A description of the wait, for messages.
+    pub fn describe(&self) -> String {
+        match (self.no_wait, self.wait) {
+            (true, _) => "at once (--no-wait)".into(),
+            (false, Some(d)) => format!("within {} (--wait)", humantime::format_duration(d)),
+            (false, None) => "while waiting".into(),
+        }
+    }
+}
+
+/// The exit status documented for a signal death: 128 + N.
+pub fn signal_status(signal: i32) -> u8 {
+    (128 + signal).clamp(0, 255) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+    use crate::exit;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_are_human() {
+        assert_eq!(duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(duration("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(duration("30").unwrap_err().contains("30s"));
+        assert!(duration("soon").is_err());
+        assert!(ttl("5ms").unwrap_err().contains("10ms"));
+        assert!(ttl("31days").unwrap_err().contains("30 days"));
+        assert_eq!(ttl("10ms").unwrap(), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(signal("TERM").unwrap(), Signal::SIGTERM);
+        assert_eq!(signal("sigint").unwrap(), Signal::SIGINT);
+        assert_eq!(signal("hup").unwrap(), Signal::SIGHUP);
+        assert_eq!(signal("9").unwrap(), Signal::SIGKILL);
+        assert!(signal("NOPE").is_err());
+        assert!(signal("0").is_err());
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(name("").is_err());
+        assert!(name("a\nb").is_err());
+        assert!(name(&"x".repeat(redlease::MAX_NAME_LEN + 1)).is_err());
+        assert_eq!(name("deploy").unwrap(), "deploy");
+    }
+
+    #[test]
+    fn run_needs_the_double_dash() {
+        let ok = Cli::try_parse_from(["redlease", "run", "x", "--", "echo", "-n", "hi"]).unwrap();
+        let Command::Run(run) = ok.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.command, ["echo", "-n", "hi"]);
+        assert_eq!(run.ttl, Duration::from_secs(30));
+        assert!(Cli::try_parse_from(["redlease", "run", "x", "echo"]).is_err());
+        assert!(Cli::try_parse_from(["redlease", "run", "x", "--"]).is_err());
+        assert!(
+            Cli::try_parse_from(["redlease", "run", "x", "--wait", "1s", "--no-wait", "--", "true"]).is_err()
+        );
+    }
+
+    #[test]
+    fn help_lists_every_exit_status() {
+        for status in [
+            exit::NOT_HELD,
+            exit::USAGE,
+            exit::UNAVAILABLE,
+            exit::NOT_ACQUIRED,
+            exit::LEASE_LOST,
+        ] {
+            assert!(
+                EXIT_STATUS_HELP.contains(&format!("\n    {status} ")),
+                "status {status} missing from the exit status help"
+            );
+        }
+        assert!(RUN_HELP.contains(&format!("status {}", exit::LEASE_LOST)));
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_subcommand() {
+        for args in [
+            &["redlease", "--redis", "redis://h:1", "demo"][..],
+            &["redlease", "demo", "--redis", "redis://h:1"],
+        ] {
+            let matches = Cli::command().try_get_matches_from(args).unwrap();
+            assert_eq!(
+                matches.value_source("redis"),
+                Some(clap::parser::ValueSource::CommandLine),
+                "{args:?}"
+            );
+            let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
+            assert_eq!(cli.redis, "redis://h:1");
+        }
+    }
+
+    #[test]
+    fn empty_prefix_is_allowed() {
+        let cli = Cli::try_parse_from(["redlease", "--prefix", "", "status", "x"]).unwrap();
+        assert_eq!(cli.prefix, "");
+    }
+}

@@ -1,0 +1,220 @@
+//! Exit statuses, and the error a command fails with.
+//!
+//! Scripts depend on these numbers; `--help` and the README list them.
+
+use std::error::Error;
+use std::fmt;
+
+/// Generic failure; also `demo` finding a lost update.
+pub const FAILED: u8 = 1;
+/// `release` / `extend`: the token does not hold the lock.
+pub const NOT_HELD: u8 = 1;
+/// Usage error (clap uses 2 as well).
+pub const USAGE: u8 = 2;
+/// Redis unreachable or answering with an error (sysexits `EX_UNAVAILABLE`).
+pub const UNAVAILABLE: u8 = 69;
+/// The lock was not acquired within `--wait` (sysexits `EX_TEMPFAIL`: try again later).
+pub const NOT_ACQUIRED: u8 = 75;
+/// `run`: the lease was lost while CMD ran. Outside the sysexits range (64–78) so it
+/// cannot be read as one of those, and below 126 so it cannot be read as a shell's.
+pub const LEASE_LOST: u8 = 79;
+/// `run`: CMD exists but could not be executed (as in shells).
+pub const CANNOT_EXECUTE: u8 = 126;
+/// `run`: CMD was not found (as in shells).
+pub const NOT_FOUND: u8 = 127;
+
+/// Why a command failed: an exit status, the error with its causes, and perhaps a hint
+/// naming the flag that fixes it.
+#[derive(Debug)]
+pub struct Failure {
+    pub status: u8,
+    error: Box<dyn Error + Send + Sync + 'static>,
+    hint: Option<String>,
+}
+
+impl Failure {
+    /// A failure with a plain message.
+    pub fn new(status: u8, message: impl Into<String>) -> Self {
+        Failure {
+            status,
+            error: message.into().into(),
+            hint: None,
+        }
+    }
+
+    /// A failure caused by `error`.
+    pub fn caused(status: u8, error: impl Error + Send + Sync + 'static) -> Self {
+        Failure {
+            status,
+            error: Box::new(error),
+            hint: None,
+        }
+    }
+
+    /// Adds a hint, printed on its own line after the error.
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn hint_text(&self) -> Option<&str> {
+        self.hint.as_deref()
+    }
+
+    /// Maps a library error to its exit status and a hint naming the flag that fixes it.
+    /// `redis` is the (redacted) address redlease talks to.
+    pub fn from_lock(err: redlease::Error, redis: &str) -> Self {
+        use redlease::Error as E;
+        let (status, hint) = match &err {
+            E::Contended { .. } | E::Timeout { .. } => (
+                NOT_ACQUIRED,
+                "wait longer with --wait DUR, or leave out --wait/--no-wait to wait as long as it takes".to_owned(),
+            ),
+            E::NotHeld { .. } => (
+                NOT_HELD,
+                "check --token; the lease may also have run out or been released (see `redlease status NAME`)"
+                    .to_owned(),
+            ),
+            E::InvalidTtl { .. } => (USAGE, "pass another --ttl".to_owned()),
+            E::InvalidName { .. } => (USAGE, "choose another NAME (or --prefix)".to_owned()),
+            e if e.is_invalid_input() => (USAGE, "check the arguments (see --help)".to_owned()),
+            E::WrongType { .. } => (
+                UNAVAILABLE,
+                "another program uses that key; choose another NAME or --prefix".to_owned(),
+            ),
+            E::ReadOnly { .. } => (
+                UNAVAILABLE,
+                "the server is a read-only replica; point --redis at the primary".to_owned(),
+            ),
+            _ => (
+                UNAVAILABLE,
+                format!(
+                    "is Redis running at {redis}? Point --redis URL (or REDIS_URL) at your server; a slow server may need a longer --response-timeout"
+                ),
+            ),
+        };
+        Failure::caused(status, err).hint(hint)
+    }
+}
+
+/// `{}` prints the error; `{:#}` adds its causes, `a: b: c`, skipping a cause whose
+/// text the message already contains (many errors repeat their source).
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut text = self.error.to_string();
+        if f.alternate() {
+            let mut cause = self.error.source();
+            while let Some(c) = cause {
+                let c_text = c.to_string();
+                if !text.contains(&c_text) {
+                    text.push_str(": ");
+                    text.push_str(&c_text);
+                }
+                cause = c.source();
+            }
+        }
+        f.write_str(&text)
+    }
+}
+
+/// `redis://user:secret@host:6379/0` → `redis://user:***@host:6379/0`, so messages never
+/// show a password.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***{}", &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(std::io::Error);
+    impl fmt::Display for Outer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "outer failed")
+        }
+    }
+    impl Error for Outer {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn alternate_display_prints_the_cause_chain_once() {
+        let f = Failure::caused(FAILED, Outer(std::io::Error::other("inner broke")));
+        assert_eq!(format!("{f}"), "outer failed");
+        assert_eq!(format!("{f:#}"), "outer failed: inner broke");
+        let lock = redlease::Error::Config {
+            reason: "cannot connect".into(),
+            source: Some(redis::RedisError::from(std::io::Error::other("refused"))),
+        };
+        let f = Failure::from_lock(lock, "127.0.0.1:1");
+        assert_eq!(f.status, UNAVAILABLE);
+        assert_eq!(format!("{f:#}").matches("refused").count(), 1, "{f:#}");
+        assert!(f.hint_text().unwrap().contains("--redis"));
+    }
+
+    #[test]
+    fn lock_errors_map_to_documented_statuses() {
+        let name = || "x".to_owned();
+        let cases = [
+            (
+                redlease::Error::Contended {
+                    name: name(),
+                    remaining: None,
+                },
+                NOT_ACQUIRED,
+            ),
+            (
+                redlease::Error::Timeout {
+                    name: name(),
+                    waited: std::time::Duration::from_secs(1),
+                },
+                NOT_ACQUIRED,
+            ),
+            (redlease::Error::NotHeld { name: name() }, NOT_HELD),
+            (
+                redlease::Error::InvalidName {
+                    name: name(),
+                    reason: "bad",
+                },
+                USAGE,
+            ),
+            (
+                redlease::Error::WrongType {
+                    name: name(),
+                    key: name(),
+                },
+                UNAVAILABLE,
+            ),
+            (redlease::Error::ReadOnly { name: name() }, UNAVAILABLE),
+        ];
+        for (err, status) in cases {
+            let text = err.to_string();
+            assert_eq!(Failure::from_lock(err, "h:1").status, status, "{text}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(redact_url("rediss://app:p@ss@host/1"), "rediss://app:***@host/1");
+        assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
+    }
+}

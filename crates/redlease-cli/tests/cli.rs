@@ -1,0 +1,812 @@
+//! Drives the real `redlease` binary against real redis-server processes (one per test):
+//! exit statuses, JSON shapes, tokens, signals, lease loss, and the issue's acceptance
+//! test (6 processes × 25 runs of a read-modify-write on one file).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use redis::Commands;
+use redlease_testkit::{RedisServer, free_port};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redlease");
+
+/// How long any single invocation may take before the test calls it hung.
+const LIMIT: Duration = Duration::from_secs(30);
+
+fn server() -> RedisServer {
+    RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn conn(server: &RedisServer) -> redis::Connection {
+    server
+        .client()
+        .get_connection()
+        .expect("connect to the test server")
+}
+
+fn all_keys(server: &RedisServer) -> Vec<String> {
+    let mut keys: Vec<String> = conn(server).keys("*").expect("KEYS");
+    keys.sort();
+    keys
+}
+
+/// `redlease` with a clean environment: no REDIS_URL or REDLEASE_TOKEN from outside.
+fn redlease() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("REDIS_URL").env_remove("REDLEASE_TOKEN");
+    cmd
+}
+
+/// `redlease --redis <server> ARGS...`.
+fn at(server: &RedisServer, args: &[&str]) -> Command {
+    let mut cmd = redlease();
+    cmd.arg("--redis").arg(server.url()).args(args);
+    cmd
+}
+
+struct Out {
+    /// Exit code, or 128+N when killed by signal N.
+    code: i32,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+impl std::fmt::Debug for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {} after {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.took, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `cmd` to completion (at most `LIMIT`), capturing its output.
+fn output(mut cmd: Command) -> Out {
+    let started = Instant::now();
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlease");
+    finish(child, started)
+}
+
+/// Waits for `child` (at most `LIMIT`) and collects what it printed.
+fn finish(mut child: Child, started: Instant) -> Out {
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let stdout = read(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = read(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("redlease did not finish within {LIMIT:?}");
+        }
+        thread::sleep(Duration::from_millis(5));
+    };
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().expect("a code or a signal"));
+    Out {
+        code,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+        took: started.elapsed(),
+    }
+}
+
+fn json(out: &Out) -> Value {
+    serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+/// Starts `cmd` with piped stdin/stdout and waits for its first stdout line to be `ready`.
+fn start_until_ready(mut cmd: Command) -> (Child, BufReader<ChildStdout>) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn redlease");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read the first line");
+    assert_eq!(line.trim(), "ready", "CMD did not start");
+    (child, stdout)
+}
+
+/// Polls `check` every 10 ms until it holds, for at most `secs` seconds.
+fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out after {secs}s: {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(child: &Child, sig: Signal) {
+    kill(Pid::from_raw(child.id() as i32), sig).expect("send a signal");
+}
+
+/// A CMD that announces itself, reports the signals it gets, and exits on TERM (3) or
+/// INT (4). The loop keeps it responsive: sh runs a trap once `sleep` returns.
+const TRAPPING_CMD: &str = r#"trap 'echo got-TERM; exit 3' TERM
+trap 'echo got-INT; exit 4' INT
+echo ready
+while :; do sleep 0.02; done"#;
+
+#[test]
+fn usage_errors_exit_2_name_the_fix_and_leave_nothing() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let m = marker.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "x", "--bogus", "--", "touch", m], "--bogus"),
+        (&["run", "x", "--ttl", "5", "--", "touch", m], "--ttl"),
+        (&["run", "x", "--ttl", "1ms", "--", "touch", m], "at least 10ms"),
+        (&["run", "x", "--wait", "soon", "--", "touch", m], "--wait"),
+        (
+            &["run", "x", "--wait", "1s", "--no-wait", "--", "touch", m],
+            "--no-wait",
+        ),
+        (&["run", "x", "--grace=-1s", "--", "touch", m], "--grace"),
+        (
+            &["run", "x", "--lost-signal", "NOPE", "--", "touch", m],
+            "--lost-signal",
+        ),
+        (&["run", "", "--", "touch", m], "must not be empty"),
+        (&["run", "x", "touch", m], "'--"),
+        (&["run", "x", "--"], "<CMD>"),
+        (&["run", "a}b", "--", "touch", m], "NAME"),
+        (&["acquire", "x"], "--ttl"),
+        (&["acquire", "x", "--ttl", "0s"], "--ttl"),
+        (&["release", "x"], "--token"),
+        (&["release", "x", "--token", ""], "--token"),
+        (&["extend", "x", "--token", "t"], "--ttl"),
+        (&["status"], "<NAME>"),
+        (&["nonsense"], "nonsense"),
+    ];
+    for (args, needle) in cases {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(needle),
+            "{args:?} should mention {needle:?}: {out:?}"
+        );
+        assert!(!out.stderr.contains("panicked"), "{out:?}");
+    }
+    let out = output({
+        let mut c = redlease();
+        c.args(["--redis", "nope://x", "run", "x", "--", "touch", m]);
+        c
+    });
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--redis"), "{out:?}");
+    assert!(!marker.exists(), "CMD must not run after a usage error");
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing left behind");
+}
+
+#[test]
+fn unreachable_redis_exits_69_and_hides_the_password() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let url = format!("redis://:hunter2@127.0.0.1:{port}");
+    let runs: &[&[&str]] = &[
+        &["run", "x", "--", "touch", marker.to_str().unwrap()],
+        &["acquire", "x", "--ttl", "10s"],
+        &["status", "x", "--json"],
+        &["release", "x", "--token", "abc"],
+        &["extend", "x", "--token", "abc", "--ttl", "1m"],
+    ];
+    for args in runs {
+        let out = output({
+            let mut c = redlease();
+            c.arg("--redis").arg(&url).args(*args);
+            c
+        });
+        assert_eq!(out.code, 69, "{args:?}: {out:?}");
+        assert!(out.stderr.starts_with("error: "), "{out:?}");
+        assert!(out.stderr.contains("--redis"), "the hint names the flag: {out:?}");
+        assert!(!out.stderr.contains("hunter2"), "password leaked: {out:?}");
+        assert!(out.stdout.is_empty(), "{out:?}");
+    }
+    // The environment variable is honoured too.
+    let out = output({
+        let mut c = redlease();
+        c.env("REDIS_URL", &url).args(["status", "x"]);
+        c
+    });
+    assert_eq!(out.code, 69, "{out:?}");
+    assert!(!marker.exists(), "CMD must not run without the lock");
+}
+
+#[test]
+fn run_passes_the_exit_status_and_environment_through_and_releases() {
+    let server = server();
+    let out = output(at(
+        &server,
+        &[
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            r#"echo "$REDLEASE_NAME $REDLEASE_KEY $REDLEASE_FENCE"; exit 7"#,
+        ],
+    ));
+    assert_eq!(out.code, 7, "{out:?}");
+    let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!(fields[..2], ["job", "redlease:job"], "{out:?}");
+    let fence: u64 = fields[2].parse().expect("REDLEASE_FENCE is a decimal number");
+    assert!(
+        !conn(&server).exists::<_, bool>("redlease:job").unwrap(),
+        "released"
+    );
+
+    let status = json(&output(at(&server, &["status", "job", "--json"])));
+    assert_eq!(status["held"], false);
+    assert_eq!(status["last_fence"], fence, "the fence CMD saw is the lock's");
+
+    let ok = output(at(&server, &["run", "job", "--", "true"]));
+    assert_eq!(ok.code, 0, "{ok:?}");
+    for (cmd, code) in [
+        ("kill -USR1 $$", 128 + 10),
+        ("kill -KILL $$", 128 + 9),
+        ("exit 200", 200),
+    ] {
+        let out = output(at(&server, &["run", "job", "--", "sh", "-c", cmd]));
+        assert_eq!(out.code, code, "{cmd}: {out:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let not_executable = dir.path().join("not-executable");
+    std::fs::write(&not_executable, "echo hi\n").unwrap();
+    let not_executable = not_executable.to_str().unwrap();
+    for (program, code) in [("/nonexistent/cmd", 127), (not_executable, 126)] {
+        let out = output(at(&server, &["run", "job", "--", program]));
+        assert_eq!(out.code, code, "{program}: {out:?}");
+        assert!(out.stderr.contains(program), "{out:?}");
+    }
+    assert_eq!(
+        all_keys(&server),
+        ["{redlease:job}:meta"],
+        "only the expiring metadata"
+    );
+    assert!(conn(&server).pttl::<_, i64>("{redlease:job}:meta").unwrap() > 0);
+}
+
+#[test]
+fn a_held_lock_exits_75_without_running_cmd() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let m = marker.to_str().unwrap();
+    let held = json(&output(at(
+        &server,
+        &["acquire", "busy", "--ttl", "30s", "--json"],
+    )));
+    let token = held["token"].as_str().unwrap().to_owned();
+
+    let out = output(at(&server, &["run", "busy", "--no-wait", "--", "touch", m]));
+    assert_eq!(out.code, 75, "{out:?}");
+    assert!(out.stderr.contains("--wait"), "the hint names the flag: {out:?}");
+    assert!(
+        out.took < Duration::from_secs(5),
+        "--no-wait does not wait: {out:?}"
+    );
+
+    let out = output(at(&server, &["run", "busy", "--wait", "300ms", "--", "touch", m]));
+    assert_eq!(out.code, 75, "{out:?}");
+    assert!(out.took >= Duration::from_millis(300), "waited --wait: {out:?}");
+
+    let out = output(at(&server, &["acquire", "busy", "--ttl", "5s", "--no-wait"]));
+    assert_eq!(out.code, 75, "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+
+    assert!(!marker.exists(), "CMD must not run without the lock");
+    let value: String = conn(&server).get("redlease:busy").unwrap();
+    assert_eq!(value, token, "the holder keeps the lock");
+}
+
+#[test]
+fn acquire_extend_release_and_status_round_trip() {
+    let server = server();
+    let mut redis = conn(&server);
+    let acquired = json(&output(at(
+        &server,
+        &["acquire", "deploy", "--ttl", "30s", "--json"],
+    )));
+    assert_eq!(acquired["name"], "deploy");
+    assert_eq!(acquired["key"], "redlease:deploy");
+    assert_eq!(acquired["ttl_ms"], 30_000);
+    let token = acquired["token"].as_str().expect("token is a string").to_owned();
+    let fence = acquired["fence"].as_u64().expect("fence is a number");
+    assert_eq!(token.len(), 32, "128-bit hex token");
+    let value: String = redis.get("redlease:deploy").unwrap();
+    assert_eq!(value, token, "the key holds the printed token");
+    let pttl: i64 = redis.pttl("redlease:deploy").unwrap();
+    assert!((1..=30_000).contains(&pttl), "PX ttl set: {pttl}");
+
+    // Status shows the holder but never the token, in either format.
+    let plain = output(at(&server, &["status", "deploy"]));
+    let out = output(at(&server, &["status", "deploy", "--json"]));
+    for o in [&plain, &out] {
+        assert_eq!(o.code, 0, "{o:?}");
+        assert!(
+            !o.stdout.contains(&token) && !o.stderr.contains(&token),
+            "token shown: {o:?}"
+        );
+    }
+    let status = json(&out);
+    assert_eq!(status["held"], true);
+    assert_eq!(status["fence"], fence);
+    assert_eq!(status["waiters"], 0);
+    assert!(
+        status["owner"].as_str().is_some_and(|o| !o.is_empty()),
+        "{status}"
+    );
+    let ttl_ms = status["ttl_ms"].as_u64().expect("ttl_ms is a number");
+    assert!((1..=30_000).contains(&ttl_ms), "{status}");
+    assert!(plain.stdout.contains("held:       yes"), "{plain:?}");
+
+    // A wrong token changes nothing.
+    for args in [
+        &["release", "deploy", "--token", "not-the-token"][..],
+        &["extend", "deploy", "--token", "not-the-token", "--ttl", "10m"],
+    ] {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 1, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("not held"), "{out:?}");
+        assert!(out.stderr.contains("--token"), "the hint names the flag: {out:?}");
+        let value: String = redis.get("redlease:deploy").unwrap();
+        assert_eq!(value, token, "{args:?} left the lock alone");
+        assert!(redis.pttl::<_, i64>("redlease:deploy").unwrap() <= 30_000);
+    }
+
+    // The right token extends and releases; the token may come from the environment.
+    let out = output(at(
+        &server,
+        &["extend", "deploy", "--token", &token, "--ttl", "10m"],
+    ));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(redis.pttl::<_, i64>("redlease:deploy").unwrap() > 500_000);
+    let out = output({
+        let mut c = at(&server, &["release", "deploy"]);
+        c.env("REDLEASE_TOKEN", &token);
+        c
+    });
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!redis.exists::<_, bool>("redlease:deploy").unwrap());
+    let out = output(at(&server, &["release", "deploy", "--token", &token]));
+    assert_eq!(out.code, 1, "a second release finds it gone: {out:?}");
+
+    let status = json(&output(at(&server, &["status", "deploy", "--json"])));
+    assert_eq!(status["held"], false);
+    assert_eq!(status["owner"], Value::Null);
+    assert_eq!(status["ttl_ms"], Value::Null);
+    assert_eq!(status["last_fence"], fence);
+}
+
+#[test]
+fn acquire_prints_eval_ready_lines_and_honours_an_empty_prefix() {
+    let server = server();
+    let out = output(at(
+        &server,
+        &["--prefix", "", "acquire", "lock.foo", "--ttl", "1m"],
+    ));
+    assert_eq!(out.code, 0, "{out:?}");
+    let vars: std::collections::HashMap<&str, &str> = out
+        .stdout
+        .lines()
+        .map(|l| l.split_once('=').expect("NAME=value lines"))
+        .collect();
+    assert_eq!(vars.len(), 3, "{out:?}");
+    assert_eq!(vars["REDLEASE_TTL_MS"], "60000");
+    assert!(vars["REDLEASE_FENCE"].parse::<u64>().is_ok(), "{out:?}");
+    let value: String = conn(&server).get("lock.foo").unwrap();
+    assert_eq!(value, vars["REDLEASE_TOKEN"], "the key is exactly the name");
+}
+
+#[test]
+fn a_waiting_run_is_counted_and_woken_by_release() {
+    let server = server();
+    let held = json(&output(at(
+        &server,
+        &["acquire", "queue", "--ttl", "30s", "--json"],
+    )));
+    let token = held["token"].as_str().unwrap().to_owned();
+    let started = Instant::now();
+    let waiter = at(&server, &["run", "queue", "--wait", "20s", "--", "echo", "ran"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "status counts the waiter", || {
+        json(&output(at(&server, &["status", "queue", "--json"])))["waiters"] == 1
+    });
+    let release = output(at(&server, &["release", "queue", "--token", &token]));
+    assert_eq!(release.code, 0, "{release:?}");
+    let released_at = Instant::now();
+    let out = finish(waiter, started);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.stdout, "ran\n");
+    // Woken by the release, not by the 30 s lease running out.
+    assert!(released_at.elapsed() < Duration::from_secs(10), "{out:?}");
+    assert!(!conn(&server).exists::<_, bool>("redlease:queue").unwrap());
+}
+
+#[test]
+fn signals_reach_cmd_once_and_the_lock_is_released() {
+    let server = server();
+    for (sig, code, line) in [
+        (Signal::SIGTERM, 3, "got-TERM"),
+        (Signal::SIGINT, 4, "got-INT"),
+        (Signal::SIGHUP, 128 + 1, ""),
+    ] {
+        let started = Instant::now();
+        let (child, mut stdout) =
+            start_until_ready(at(&server, &["run", "sig", "--", "sh", "-c", TRAPPING_CMD]));
+        assert!(
+            conn(&server).exists::<_, bool>("redlease:sig").unwrap(),
+            "held while CMD runs"
+        );
+        signal(&child, sig);
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        let out = finish(child, started);
+        assert_eq!(out.code, code, "{sig}: {out:?}");
+        let expected: Vec<&str> = if line.is_empty() { vec![] } else { vec![line] };
+        assert_eq!(
+            rest.lines().collect::<Vec<_>>(),
+            expected,
+            "CMD got {sig} exactly once"
+        );
+        assert!(
+            !conn(&server).exists::<_, bool>("redlease:sig").unwrap(),
+            "released after {sig}"
+        );
+    }
+}
+
+/// Ctrl-C typed at a terminal: the terminal signals its foreground process group, CMD
+/// included, so redlease must not pass the signal on a second time — unless CMD left the
+/// process group (`setsid`), when only redlease's forwarding can reach it. Runs redlease
+/// on a pseudo-terminal with util-linux `script`.
+#[test]
+fn ctrl_c_at_a_terminal_reaches_cmd_exactly_once() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("skipped: util-linux `script` is not installed");
+        return;
+    }
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let child = dir.path().join("child.sh");
+    // Keeps running for ~0.5 s after the Ctrl-C and reports every SIGINT it gets.
+    std::fs::write(
+        &child,
+        "trap 'echo got-INT' INT\necho ready\ni=0\nwhile [ $i -lt 25 ]; do sleep 0.02; i=$((i + 1)); done\necho done\n",
+    )
+    .unwrap();
+    for wrapper in ["", "setsid "] {
+        let line = format!(
+            "exec '{BIN}' --redis {} run tty -- {wrapper}sh '{}'",
+            server.url(),
+            child.display()
+        );
+        let started = Instant::now();
+        let mut cmd = Command::new("script");
+        cmd.args(["-qfec", &line, "/dev/null"]).env_remove("REDIS_URL");
+        let (mut term, mut stdout) = start_until_ready(cmd);
+        let mut stdin = term.stdin.take().unwrap();
+        stdin.write_all(b"\x03").unwrap(); // Ctrl-C
+        stdin.flush().unwrap();
+        let mut rest = String::new();
+        stdout.read_to_string(&mut rest).unwrap();
+        drop(stdin);
+        let out = finish(term, started);
+        assert_eq!(out.code, 0, "{wrapper}: {rest} {out:?}");
+        assert_eq!(
+            rest.matches("got-INT").count(),
+            1,
+            "{wrapper}sh: CMD got SIGINT once: {rest:?}"
+        );
+        assert!(rest.contains("done"), "CMD kept running after its trap: {rest:?}");
+        assert!(
+            !conn(&server).exists::<_, bool>("redlease:tty").unwrap(),
+            "released"
+        );
+    }
+}
+
+#[test]
+fn a_signal_while_waiting_exits_128_plus_n_and_leaves_nothing() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let held = json(&output(at(
+        &server,
+        &["acquire", "wait", "--ttl", "30s", "--json"],
+    )));
+    let started = Instant::now();
+    let waiter = at(&server, &["run", "wait", "--", "touch", marker.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the run is waiting", || {
+        json(&output(at(&server, &["status", "wait", "--json"])))["waiters"] == 1
+    });
+    signal(&waiter, Signal::SIGTERM);
+    let out = finish(waiter, started);
+    assert_eq!(out.code, 128 + 15, "{out:?}");
+    assert!(out.stderr.contains("SIGTERM"), "{out:?}");
+    assert!(!marker.exists(), "CMD never ran");
+    let value: String = conn(&server).get("redlease:wait").unwrap();
+    assert_eq!(
+        value,
+        held["token"].as_str().unwrap(),
+        "the holder keeps the lock"
+    );
+    assert_eq!(all_keys(&server), ["redlease:wait", "{redlease:wait}:meta"]);
+}
+
+#[test]
+fn a_lost_lease_signals_cmd_and_exits_79() {
+    let server = server();
+    let mut redis = conn(&server);
+
+    // CMD stops on SIGTERM: lease renewal (every 1s/3) finds the key gone.
+    let started = Instant::now();
+    let trap = "trap 'echo got-TERM; exit 0' TERM; echo ready; while :; do sleep 0.02; done";
+    let (child, mut stdout) = start_until_ready(at(
+        &server,
+        &["run", "lease", "--ttl", "1s", "--", "sh", "-c", trap],
+    ));
+    let _: () = redis.del("redlease:lease").unwrap();
+    let deleted = Instant::now();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = finish(child, started);
+    assert_eq!(out.code, 79, "{out:?}");
+    assert_eq!(rest, "got-TERM\n", "CMD got SIGTERM");
+    assert!(out.stderr.contains("lost"), "{out:?}");
+    assert!(
+        deleted.elapsed() < Duration::from_secs(5),
+        "noticed within a renewal interval: {out:?}"
+    );
+
+    // CMD ignores SIGTERM: SIGKILL after --grace; the lost-signal is configurable.
+    let started = Instant::now();
+    let ignore = "trap '' TERM; trap 'echo got-USR1' USR1; echo ready; while :; do sleep 0.02; done";
+    let (child, mut stdout) = start_until_ready(at(
+        &server,
+        &[
+            "run",
+            "lease",
+            "--ttl",
+            "1s",
+            "--lost-signal",
+            "USR1",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            ignore,
+        ],
+    ));
+    let _: () = redis.del("redlease:lease").unwrap();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let out = finish(child, started);
+    assert_eq!(out.code, 79, "{out:?}");
+    assert_eq!(rest, "got-USR1\n", "CMD got --lost-signal");
+    assert!(out.stderr.contains("SIGKILL"), "{out:?}");
+
+    // A loss that renewal has not noticed yet is caught at release: CMD (a 30 s lease,
+    // renewed every 10 s) exits right after the key was taken over.
+    let started = Instant::now();
+    let (mut child, _stdout) = start_until_ready(at(
+        &server,
+        &["run", "lease", "--", "sh", "-c", "echo ready; read line; exit 0"],
+    ));
+    let _: () = redis.set("redlease:lease", "someone-else").unwrap();
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let out = finish(child, started);
+    assert_eq!(out.code, 79, "{out:?}");
+    assert!(out.stderr.contains("exited with status 0"), "{out:?}");
+    let value: String = redis.get("redlease:lease").unwrap();
+    assert_eq!(value, "someone-else", "the new holder's lock is untouched");
+}
+
+/// The issue's acceptance test: 6 processes × 25 `redlease run … --wait 60s`, each doing
+/// a read-modify-write of one file, lose no increment, and the REDLEASE_FENCE values
+/// they see rise strictly in order of entry.
+#[test]
+fn six_processes_lose_no_increment_and_fences_rise_in_order() {
+    const PROCESSES: usize = 6;
+    const ROUNDS: usize = 25;
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    let fences = dir.path().join("fences");
+    std::fs::write(&counter, "0\n").unwrap();
+    std::fs::write(&fences, "").unwrap();
+    // Under the lock: read the counter, give another process a chance to interleave,
+    // write it back + 1, and log the fencing token this entry saw.
+    let critical = r#"n=$(cat "$1"); sleep 0.001; echo $((n + 1)) > "$1"; echo "$REDLEASE_FENCE" >> "$2""#;
+    let worker = r#"bin=$1; url=$2; rounds=$3; critical=$4; counter=$5; fences=$6
+i=0
+while [ "$i" -lt "$rounds" ]; do
+  "$bin" --redis "$url" run counter --wait 60s -- sh -c "$critical" sh "$counter" "$fences" || exit $?
+  i=$((i + 1))
+done"#;
+    let started = Instant::now();
+    let processes: Vec<Child> = (0..PROCESSES)
+        .map(|_| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(worker)
+                .arg("worker")
+                .arg(BIN)
+                .arg(server.url())
+                .arg(ROUNDS.to_string())
+                .arg(critical)
+                .arg(&counter)
+                .arg(&fences)
+                .env_remove("REDIS_URL")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for p in processes {
+        let out = finish(p, started);
+        assert_eq!(out.code, 0, "a worker failed: {out:?}");
+    }
+    let took = started.elapsed();
+    let total = PROCESSES * ROUNDS;
+    let value: usize = read(&counter).trim().parse().unwrap();
+    assert_eq!(value, total, "lost {} increments", total - value);
+    let seen: Vec<u64> = read(&fences).lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(seen.len(), total);
+    for pair in seen.windows(2) {
+        assert!(
+            pair[0] < pair[1],
+            "fences out of order: {} then {}",
+            pair[0],
+            pair[1]
+        );
+    }
+    assert!(!conn(&server).exists::<_, bool>("redlease:counter").unwrap());
+    eprintln!("{total} locked read-modify-writes by {PROCESSES} processes in {took:?}");
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[test]
+fn demo_on_a_given_server_loses_nothing_and_cleans_up() {
+    let server = server();
+    let out = output(at(&server, &["demo", "--workers", "4", "--duration", "1s"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    let lost = out
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("lost updates"))
+        .unwrap_or_else(|| panic!("no summary: {out:?}"));
+    assert_eq!(lost.split_whitespace().nth(2), Some("0"), "{out:?}");
+    assert!(out.stdout.contains("fencing tokens   monotonic"), "{out:?}");
+    let acquisitions: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("acquisitions"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no acquisition count: {out:?}"));
+    assert!(acquisitions > 10, "the workers took turns: {out:?}");
+    let keys = all_keys(&server);
+    assert!(
+        keys.iter().all(|k| k.ends_with("}:meta")),
+        "only expiring metadata left: {keys:?}"
+    );
+}
+
+#[test]
+fn demo_without_redis_starts_and_stops_a_throwaway_server() {
+    if std::net::TcpStream::connect(("127.0.0.1", 6379)).is_ok() {
+        eprintln!("skipped: something answers at 127.0.0.1:6379, so the demo would use it");
+        return;
+    }
+    let out = output({
+        let mut c = redlease();
+        c.args(["demo", "--workers", "3", "--duration", "1s"]);
+        c
+    });
+    assert_eq!(out.code, 0, "{out:?}");
+    let addr = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("stopped the throwaway redis-server on "))
+        .unwrap_or_else(|| panic!("no throwaway server: {out:?}"));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the throwaway server at {addr} was stopped"
+    );
+}
+
+#[test]
+fn completions_help_and_version() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = output({
+            let mut c = redlease();
+            c.args(["completions", shell]);
+            c
+        });
+        assert_eq!(out.code, 0, "{out:?}");
+        assert!(
+            out.stdout.contains("redlease") && out.stdout.contains("acquire"),
+            "{shell}"
+        );
+    }
+    let help = output({
+        let mut c = redlease();
+        c.arg("--help");
+        c
+    });
+    assert_eq!(help.code, 0);
+    for needle in [
+        "Exit status:",
+        "75 ",
+        "79 ",
+        "69 ",
+        "[default: redis://127.0.0.1:6379]",
+        "[default: redlease:]",
+    ] {
+        assert!(help.stdout.contains(needle), "--help lacks {needle:?}");
+    }
+    let run_help = output({
+        let mut c = redlease();
+        c.args(["run", "--help"]);
+        c
+    });
+    for needle in [
+        "[default: 30s]",
+        "[default: 10s]",
+        "[default: TERM]",
+        "REDLEASE_FENCE",
+        "status 79",
+    ] {
+        assert!(run_help.stdout.contains(needle), "run --help lacks {needle:?}");
+    }
+    let version = output({
+        let mut c = redlease();
+        c.arg("--version");
+        c
+    });
+    assert!(version.stdout.starts_with("redlease "), "{version:?}");
+}
