@@ -540,100 +540,116 @@ impl ClientBuilder {
         } else {
             self.response_timeout
         };
-        let (conn, deployment, notifier): (Arc<dyn CommandConnection>, Deployment, Notifier) =
-            match self.source {
-                Source::Standalone(redis) => {
-                    let conn: Arc<dyn CommandConnection> = match self.conn {
-                        Some(conn) => conn,
-                        None => {
-                            let config = redis::aio::ConnectionManagerConfig::new()
-                                .set_response_timeout(self.response_timeout)
-                                .set_connection_timeout(Some(Duration::from_secs(2)))
-                                .set_number_of_retries(1);
-                            let manager =
-                                redis::aio::ConnectionManager::new_with_config(redis.clone(), config)
-                                    .await
-                                    .map_err(|e| Error::Config {
-                                        reason: format!(
-                                            "cannot connect to redis at {}{}",
-                                            redis.get_connection_info().addr(),
-                                            tls_hint(&redis, &e)
-                                        ),
-                                        source: Some(e),
-                                    })?;
-                            Arc::new(manager)
-                        }
-                    };
-                    crate::scripts::preload(&*conn).await;
-                    let connector: PubSubConnector = Arc::new(move || {
-                        let redis = redis.clone();
-                        Box::pin(async move { redis.get_async_pubsub().await })
-                    });
-                    (conn, Deployment::Standalone, Notifier::spawn(connector))
-                }
-                Source::Cluster(nodes) => {
-                    let unreachable = |e| Error::Config {
-                        reason: format!("cannot connect to the redis cluster at {}", addrs(&nodes)),
-                        source: Some(e),
-                    };
-                    let conn: Arc<dyn CommandConnection> = match self.conn {
-                        Some(conn) => conn,
-                        None => {
-                            let client = crate::cluster::command_client(&nodes, self.response_timeout)
-                                .map_err(|e| Error::Config {
+        let (conn, deployment, notifier, batching): (
+            Arc<dyn CommandConnection>,
+            Deployment,
+            Notifier,
+            Batching,
+        ) = match self.source {
+            Source::Standalone(redis) => {
+                let conn: Arc<dyn CommandConnection> = match self.conn {
+                    Some(conn) => conn,
+                    None => {
+                        let config = redis::aio::ConnectionManagerConfig::new()
+                            .set_response_timeout(self.response_timeout)
+                            .set_connection_timeout(Some(Duration::from_secs(2)))
+                            .set_number_of_retries(1);
+                        let manager = redis::aio::ConnectionManager::new_with_config(redis.clone(), config)
+                            .await
+                            .map_err(|e| Error::Config {
+                                reason: format!(
+                                    "cannot connect to redis at {}{}",
+                                    redis.get_connection_info().addr(),
+                                    tls_hint(&redis, &e)
+                                ),
+                                source: Some(e),
+                            })?;
+                        Arc::new(manager)
+                    }
+                };
+                crate::scripts::preload(&*conn).await;
+                let connector: PubSubConnector = Arc::new(move || {
+                    let redis = redis.clone();
+                    Box::pin(async move { redis.get_async_pubsub().await })
+                });
+                (
+                    conn,
+                    Deployment::Standalone,
+                    Notifier::spawn(connector),
+                    Batching::OnePipeline,
+                )
+            }
+            Source::Cluster(nodes) => {
+                let unreachable = |e| Error::Config {
+                    reason: format!("cannot connect to the redis cluster at {}", addrs(&nodes)),
+                    source: Some(e),
+                };
+                let (conn, batching): (Arc<dyn CommandConnection>, Batching) = match self.conn {
+                    // A caller's connection routes by slot only: batch per slot.
+                    Some(conn) => (conn, Batching::PerSlot),
+                    None => {
+                        let client =
+                            crate::cluster::command_client(&nodes, self.response_timeout).map_err(|e| {
+                                Error::Config {
                                     reason: "invalid redis cluster settings".into(),
                                     source: Some(e),
-                                })?;
-                            Arc::new(client.get_async_connection().await.map_err(unreachable)?)
-                        }
-                    };
-                    crate::cluster::preload(&*conn).await;
-                    let (wake, pushes) = crate::cluster::wake_connection(&nodes)
-                        .await
-                        .map_err(unreachable)?;
-                    (
-                        conn,
-                        Deployment::Cluster(wake.clone()),
-                        Notifier::spawn_sharded(wake, pushes),
-                    )
-                }
-                Source::Sentinel {
-                    sentinels,
-                    master,
-                    node,
-                } => {
-                    let via = addrs(&sentinels);
-                    let sentinel = SentinelConnection::new(sentinels, &master, node, self.response_timeout)
-                        .map_err(|e| Error::Config {
+                                }
+                            })?;
+                        let cluster = client.get_async_connection().await.map_err(unreachable)?;
+                        let batching = Batching::PerNode(crate::cluster::NodeBatcher::new(cluster.clone()));
+                        (Arc::new(cluster), batching)
+                    }
+                };
+                crate::cluster::preload(&*conn).await;
+                let (wake, pushes) = crate::cluster::wake_connection(&nodes)
+                    .await
+                    .map_err(unreachable)?;
+                (
+                    conn,
+                    Deployment::Cluster(wake.clone()),
+                    Notifier::spawn_sharded(wake, pushes),
+                    batching,
+                )
+            }
+            Source::Sentinel {
+                sentinels,
+                master,
+                node,
+            } => {
+                let via = addrs(&sentinels);
+                let sentinel = SentinelConnection::new(sentinels, &master, node, self.response_timeout)
+                    .map_err(|e| Error::Config {
                         reason: "invalid sentinel settings".into(),
                         source: Some(e),
                     })?;
-                    sentinel.connect().await.map_err(|e| Error::Config {
-                        reason: format!("cannot reach master {master:?} through the sentinels at {via}"),
-                        source: Some(e),
-                    })?;
-                    let conn: Arc<dyn CommandConnection> = match self.conn {
-                        Some(conn) => conn,
-                        None => Arc::new(sentinel.clone()),
-                    };
-                    crate::scripts::preload(&*conn).await;
-                    let connector: PubSubConnector = Arc::new(move || {
-                        let sentinel = sentinel.clone();
-                        Box::pin(async move { sentinel.pubsub().await })
-                    });
-                    (conn, Deployment::Sentinel, Notifier::spawn(connector))
-                }
-            };
+                sentinel.connect().await.map_err(|e| Error::Config {
+                    reason: format!("cannot reach master {master:?} through the sentinels at {via}"),
+                    source: Some(e),
+                })?;
+                let conn: Arc<dyn CommandConnection> = match self.conn {
+                    Some(conn) => conn,
+                    None => Arc::new(sentinel.clone()),
+                };
+                crate::scripts::preload(&*conn).await;
+                let connector: PubSubConnector = Arc::new(move || {
+                    let sentinel = sentinel.clone();
+                    Box::pin(async move { sentinel.pubsub().await })
+                });
+                (
+                    conn,
+                    Deployment::Sentinel,
+                    Notifier::spawn(connector),
+                    Batching::OnePipeline,
+                )
+            }
+        };
         let topology = Topology {
             deployment,
             response_timeout,
         };
         let inner = ClientInner {
             notifier,
-            renewer: match topology.batching() {
-                Batching::OnePipeline => Renewer::spawn(conn.clone()),
-                batching => Renewer::spawn_batching(conn.clone(), batching),
-            },
+            renewer: Renewer::spawn(conn.clone(), batching),
             conn,
             prefix: self.prefix,
             label: self.label.unwrap_or_else(default_label).into(),

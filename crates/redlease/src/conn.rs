@@ -129,37 +129,44 @@ async fn eval_many_inner(
 }
 
 /// How a batch of script calls travels.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub(crate) enum Batching {
     /// One pipeline: one round trip (a single Redis or a Sentinel-managed master).
     #[default]
     OnePipeline,
-    /// One pipeline per hash slot, all in flight at once: a cluster connection sends a
-    /// pipeline to one node and refuses one whose keys span slots.
+    /// One pipeline per hash slot, all in flight at once: a cluster connection given by
+    /// the caller, which redis-rs routes by slot and cannot be pinned to a node.
     PerSlot,
+    /// One pipeline per master node: redlease's own cluster connection.
+    PerNode(crate::cluster::NodeBatcher),
 }
 
 /// Runs many script calls, batched as `batching` says: one result per call, in order,
-/// and the number of round trips made (pipelines to different slots count apart).
+/// and the number of round trips made (pipelines to different nodes or slots count apart).
 pub(crate) async fn eval_batch(
     conn: &dyn CommandConnection,
     calls: &[(&'static LuaScript, Cmd)],
-    batching: Batching,
+    batching: &Batching,
 ) -> (Vec<RedisResult<Value>>, u64) {
-    if batching == Batching::OnePipeline || calls.len() < 2 {
-        return eval_many(conn, calls).await;
+    match batching {
+        Batching::OnePipeline => return eval_many(conn, calls).await,
+        Batching::PerNode(nodes) if calls.len() > 1 => return nodes.eval(calls).await,
+        _ if calls.len() < 2 => return eval_many(conn, calls).await,
+        _ => {}
     }
     // Group by the slot of each call's first key (EVALSHA sha numkeys KEY ...).
-    let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    let mut index: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
     for (i, (_, cmd)) in calls.iter().enumerate() {
         let slot = match cmd.args_iter().nth(3) {
-            Some(redis::Arg::Simple(key)) => redis::cluster_routing::Slot::for_key(key),
-            _ => redis::cluster_routing::Slot::for_key(b""),
+            Some(redis::Arg::Simple(key)) => crate::keys::key_slot(key),
+            _ => 0,
         };
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((slot, vec![i])),
-        }
+        let g = *index.entry(slot).or_insert_with(|| {
+            groups.push((slot, Vec::new()));
+            groups.len() - 1
+        });
+        groups[g].1.push(i);
     }
     if groups.len() == 1 {
         return eval_many(conn, calls).await;

@@ -65,13 +65,9 @@ pub(crate) struct Renewer {
 }
 
 impl Renewer {
-    pub fn spawn(conn: Arc<dyn CommandConnection>) -> Self {
-        Self::spawn_batching(conn, Batching::OnePipeline)
-    }
-
-    /// As [`spawn`](Self::spawn), sending each tick's renewals as `batching` says (one
-    /// pipeline per slot on a cluster).
-    pub fn spawn_batching(conn: Arc<dyn CommandConnection>, batching: Batching) -> Self {
+    /// Starts the renewal task, sending each tick's renewals as `batching` says (one
+    /// pipeline, or one per node on a cluster).
+    pub fn spawn(conn: Arc<dyn CommandConnection>, batching: Batching) -> Self {
         let (alive, closed) = mpsc::channel(1);
         let inbox = Arc::new(Inbox {
             pending: std::sync::Mutex::new(Vec::new()),
@@ -161,7 +157,7 @@ async fn run(
                 if batch.is_empty() {
                     continue;
                 }
-                for (lease, due, epoch) in renew(&*conn, batching, batch, &inbox.counters).await {
+                for (lease, due, epoch) in renew(&*conn, &batching, batch, &inbox.counters).await {
                     // An extend() may have rescheduled the lease while it was renewed.
                     if lease.epoch() == epoch {
                         push(&mut queue, (lease, due, epoch));
@@ -197,7 +193,7 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared
 /// Renews a batch in one round trip; returns the leases to requeue with their due times.
 async fn renew(
     conn: &dyn CommandConnection,
-    batching: Batching,
+    batching: &Batching,
     batch: Vec<(Arc<LeaseShared>, u64)>,
     counters: &RenewalCounters,
 ) -> Vec<(Arc<LeaseShared>, Instant, u64)> {

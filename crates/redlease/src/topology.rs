@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use crate::conn::{Batching, CommandConnection};
+use crate::conn::CommandConnection;
 
 /// The deployment behind a client.
 #[derive(Clone, Default)]
@@ -47,15 +47,6 @@ impl Topology {
     /// Whether this is a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.deployment, Deployment::Cluster(_))
-    }
-
-    /// How renewal batches travel.
-    pub fn batching(&self) -> Batching {
-        if self.is_cluster() {
-            Batching::PerSlot
-        } else {
-            Batching::OnePipeline
-        }
     }
 
     /// The command release scripts publish wake-ups with.

@@ -555,3 +555,49 @@ async fn replica_acks_on_a_cluster_count_the_shard_replicas() {
     cluster.replica_mut(replica).resume();
     guard.release().await.unwrap();
 }
+
+/// Renewal sends one pipeline per master per tick, not one per slot: 600 leases spread
+/// over hundreds of slots on 3 masters renew in at most 3 round trips a tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_one_round_trip_per_master_per_tick() {
+    let cluster = cluster(3, 0);
+    let client = cluster_client(&cluster).await;
+    let ttl = Duration::from_millis(900);
+    let mut guards = Vec::new();
+    for i in 0..600 {
+        let mutex = client
+            .mutex_with(&format!("many-{i}"), LeaseOptions::new().ttl(ttl))
+            .unwrap();
+        guards.push(mutex.try_lock().await.unwrap());
+    }
+    let slots: std::collections::HashSet<u16> = guards
+        .iter()
+        .map(|g| redis::cluster_routing::Slot::for_key(g.key()))
+        .map(|s| {
+            format!("{s:?}")
+                .trim_start_matches("Slot(")
+                .trim_end_matches(')')
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(slots.len() > 300, "the leases span many slots: {}", slots.len());
+    let before = client.stats();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = client.stats();
+    let ticks = after.renewal_ticks - before.renewal_ticks;
+    let trips = after.renewal_round_trips - before.renewal_round_trips;
+    let renewed = after.leases_renewed - before.leases_renewed;
+    eprintln!("cluster renewal: {ticks} ticks, {trips} round trips, {renewed} renewals");
+    assert!(renewed >= 600 * 5, "every lease renewed every ~300 ms: {renewed}");
+    assert!(ticks >= 5, "ticks {ticks}");
+    assert!(
+        trips <= ticks * 3,
+        "{trips} round trips in {ticks} ticks on 3 masters"
+    );
+    assert_eq!(after.leases_lost_by_renewal, 0);
+    assert!(guards.iter().all(|g| g.is_held()));
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
