@@ -124,8 +124,16 @@ pub(crate) async fn preload(conn: &dyn CommandConnection) {
 #[derive(Clone)]
 pub(crate) struct NodeBatcher {
     conn: ClusterConnection,
+    slots: std::sync::Arc<std::sync::Mutex<SlotMap>>,
+}
+
+/// Which master serves which slots, as last read from `CLUSTER SLOTS`.
+#[derive(Debug, Default)]
+struct SlotMap {
     /// `(first slot, last slot, node address)`, sorted; empty until first needed.
-    slots: std::sync::Arc<std::sync::Mutex<(Vec<(u16, u16, String)>, bool)>>,
+    ranges: Vec<(u16, u16, String)>,
+    /// A renewal was redirected: read the map again before the next batch.
+    stale: bool,
 }
 
 impl std::fmt::Debug for NodeBatcher {
@@ -169,7 +177,7 @@ impl NodeBatcher {
             ranges.push((start as u16, end as u16, addr));
         }
         ranges.sort();
-        *self.slots.lock().expect("slot map lock") = (ranges, false);
+        *self.slots.lock().expect("slot map lock") = SlotMap { ranges, stale: false };
         Ok(())
     }
 
@@ -183,7 +191,7 @@ impl NodeBatcher {
     pub async fn eval(&self, calls: &[(&'static LuaScript, Cmd)]) -> (Vec<RedisResult<Value>>, u64) {
         let needs_refresh = {
             let map = self.slots.lock().expect("slot map lock");
-            map.0.is_empty() || map.1
+            map.ranges.is_empty() || map.stale
         };
         if needs_refresh && let Err(e) = self.refresh().await {
             tracing::debug!(error = %e, "CLUSTER SLOTS failed; batching renewals per slot");
@@ -198,7 +206,7 @@ impl NodeBatcher {
                     Some(redis::Arg::Simple(key)) => crate::keys::key_slot(key),
                     _ => 0,
                 };
-                let node = Self::node_of(&map.0, slot)
+                let node = Self::node_of(&map.ranges, slot)
                     .map(str::to_owned)
                     .unwrap_or_else(|| format!("slot {slot}"));
                 let g = *by_node.entry(node).or_insert_with(|| {
@@ -229,7 +237,7 @@ impl NodeBatcher {
             }
         }
         if redirected {
-            self.slots.lock().expect("slot map lock").1 = true;
+            self.slots.lock().expect("slot map lock").stale = true;
         }
         let results = results
             .into_iter()
