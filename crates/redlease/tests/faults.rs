@@ -312,3 +312,55 @@ async fn a_waiter_survives_a_server_restart() {
     assert_eq!(held.lost().await, LostReason::Gone);
     guard.release().await.unwrap();
 }
+
+/// A release whose reply is lost still released the lock — and woke the next waiter,
+/// which took it before the retried release arrived. The retry finds another holder,
+/// but the lease was valid all along: the release must be reported as done, not as
+/// "not held" (which tells the caller its work may have overlapped another holder's).
+/// Found by the torture run under `conn-reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_is_not_reported_as_lost_after_a_handoff() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let holder = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(5)).await;
+    let waiter = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let guard = holder.mutex("handoff").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn({
+        let mutex = waiter.mutex("handoff").unwrap();
+        async move { mutex.lock().await }
+    });
+    eventually(5.0, "the waiter subscribes", || {
+        let mut conn = conn.clone();
+        async move {
+            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("{redlease:handoff}:wake")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            subs[0].1 == 1
+        }
+    })
+    .await;
+
+    proxy.hold_replies();
+    let release = tokio::spawn(guard.release());
+    let next = within(5.0, "the waiter takes over", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    // Past the holder's 200 ms reply timeout: its release is retried and finds the waiter.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.release_replies();
+    let released = within(5.0, "release returns", release).await.unwrap();
+    assert!(
+        released.is_ok(),
+        "a release that succeeded, with its reply lost, reported {released:?}"
+    );
+    assert_eq!(
+        get(&mut conn, "redlease:handoff").await.as_deref(),
+        Some(next.token().expose())
+    );
+    next.release().await.unwrap();
+}
