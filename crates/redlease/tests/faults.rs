@@ -66,14 +66,28 @@ async fn lost_reply_without_recovery_leaves_no_orphan() {
     let mut conn = raw(&server).await;
 
     proxy.hold_replies();
-    let err = within(5.0, "try_lock gives up", mutex.try_lock())
+    let attempt = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.try_lock().await }
+    });
+    eventually(2.0, "the SET lands while its reply is held", || {
+        let mut conn = conn.clone();
+        async move { exists(&mut conn, "redlease:orphan").await }
+    })
+    .await;
+    // Requests still flow while replies are held, so the background clean-up would
+    // land at once: hold it back too, to see the orphan survive the caller's error.
+    proxy.hold_requests();
+    let err = within(5.0, "try_lock gives up", attempt)
         .await
+        .unwrap()
         .unwrap_err();
     assert!(err.is_unavailable(), "expected a timeout-class error, got {err}");
     assert!(
         exists(&mut conn, "redlease:orphan").await,
-        "the SET landed while its reply was held"
+        "the lock the failed attempt took is still there"
     );
+    proxy.release_requests();
     proxy.release_replies();
     eventually(5.0, "the orphan is compare-and-deleted", || {
         let mut conn = conn.clone();
