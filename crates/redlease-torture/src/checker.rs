@@ -96,8 +96,9 @@ pub struct Verdict {
     pub paused_lost_late: u64,
     /// Paused holders whose whole process was also frozen (no ordering is checked).
     pub paused_excused: u64,
-    /// Holders stalled for less than their lease (around server restarts); no `lost()`
-    /// ordering is expected of them.
+    /// Holders stalled for less than 1.2 × TTL (around server restarts, or around the
+    /// lease's end): their lease may legitimately outlive the stall, or `lost()` fire a
+    /// moment after the refusal, so no `lost()` ordering is required of them.
     pub short_stalls: u64,
     /// Leases whose `lost()` fired (gone or expired); `None` without leases.
     pub lost_signals: Option<u64>,

@@ -562,7 +562,13 @@ async fn inject(fault: Fault, t: &mut Targets<'_>, rng: &mut Rng) -> Result<Opti
         }
         Fault::ClientPause => {
             let w = rng.below(t.workers.len() as u64) as usize;
-            let stall = rng.scaled(t.ttl, 1.5, 2.5);
+            // Mostly well past the lease; one in four around its end, where the lease's
+            // drift margin is all that separates the two holders.
+            let stall = if rng.below(4) == 0 {
+                rng.scaled(t.ttl, 0.9, 1.2)
+            } else {
+                rng.scaled(t.ttl, 1.5, 2.5)
+            };
             while t.stalls.try_recv().is_ok() {}
             t.workers[w].send(&json!({"cmd": "pause", "ms": stall.as_millis() as u64}));
             worker = Some(w);
@@ -587,7 +593,8 @@ async fn inject(fault: Fault, t: &mut Targets<'_>, rng: &mut Rng) -> Result<Opti
                 while t.stalls.try_recv().is_ok() {}
                 let w = rng.below(t.workers.len() as u64) as usize;
                 let stall = rng.scaled(t.ttl, 0.4, 0.6);
-                t.workers[w].send(&json!({"cmd": "pause", "ms": stall.as_millis() as u64}));
+                let ms = stall.as_millis() as u64;
+                t.workers[w].send(&json!({"cmd": "pause", "ms": ms, "fresh": true}));
                 worker = Some(w);
                 let by = tokio::time::Instant::now() + Duration::from_millis(300);
                 for _ in 0..t.algorithms {

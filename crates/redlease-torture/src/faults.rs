@@ -63,7 +63,7 @@ impl Fault {
             }
             Fault::ConnReset => "proxy cuts every connection, commands in flight",
             Fault::ClientPause => {
-                "a holder's thread (work, renewal, everything of its client) blocks 1.5-2.5 x TTL mid-section, then writes"
+                "a holder's thread (work, renewal, everything of its client) blocks 0.9-2.5 x TTL mid-section, then writes"
             }
             Fault::ProcessPause => "SIGSTOP a worker process 1.5-2.5 x TTL, then SIGCONT",
             Fault::ServerRestart => "SIGKILL redis-server, restart it empty",

@@ -60,7 +60,7 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Every fault for 20 s, then all of them mixed for 30 s (about 4 minutes).
+    /// Every fault for 20 s, then all of them mixed for 40 s (about 3.5 minutes).
     #[arg(long, conflicts_with_all = ["ci", "duration"])]
     quick: bool,
     /// The CI variant: five faults for 12 s each (under 2 minutes).
@@ -163,9 +163,9 @@ fn list() {
     );
 }
 
-/// The phases of a mode.
+/// The phases of a mode: which faults, for how long each.
 fn plan(args: &RunArgs) -> Result<(String, Vec<Phase>), String> {
-    let singles = [
+    const SINGLES: [Fault; 7] = [
         Fault::ReplyDelay,
         Fault::ConnReset,
         Fault::ClientPause,
@@ -174,63 +174,69 @@ fn plan(args: &RunArgs) -> Result<(String, Vec<Phase>), String> {
         Fault::ServerRestartAof,
         Fault::ServerPause,
     ];
-    let mixed: Vec<Fault> = singles
+    const CI: [Fault; 5] = [
+        Fault::ReplyDelay,
+        Fault::ConnReset,
+        Fault::ClientPause,
+        Fault::ServerRestart,
+        Fault::ServerPause,
+    ];
+    // `None` is the mixed phase.
+    let default: Vec<Option<Fault>> = if args.ci {
+        CI.iter().copied().map(Some).collect()
+    } else {
+        SINGLES.iter().copied().map(Some).chain([None]).collect()
+    };
+    let chosen: Vec<Option<Fault>> = if args.faults.is_empty() {
+        default
+    } else {
+        args.faults
+            .iter()
+            .map(|name| match name.as_str() {
+                "mixed" => Ok(None),
+                _ => Fault::parse(name)
+                    .map(Some)
+                    .ok_or_else(|| format!("unknown fault {name:?} (see `list`)")),
+            })
+            .collect::<Result<_, _>>()?
+    };
+    // A mixed phase gets two shares of the time, a single fault one.
+    let shares: u32 = chosen.iter().map(|f| if f.is_some() { 1 } else { 2 }).sum();
+    let (mode, share) = if args.ci {
+        ("ci", Duration::from_secs(12))
+    } else if let Some(total) = args.duration {
+        let share = total / shares;
+        if share < Duration::from_secs(5) {
+            return Err(format!(
+                "--duration is too short for {} phases: give at least {}s",
+                chosen.len(),
+                5 * shares
+            ));
+        }
+        ("soak", share)
+    } else {
+        ("quick", Duration::from_secs(20))
+    };
+    let mixed: Vec<Fault> = SINGLES
         .iter()
         .copied()
         .filter(|f| f.persistence() == redlease_testkit::Persistence::None)
         .collect();
-    let (mode, chosen, single_len, mixed_len): (&str, Vec<&str>, Duration, Duration) = if args.ci {
-        let ci = vec![
-            "reply-delay",
-            "conn-reset",
-            "client-pause",
-            "server-restart",
-            "server-pause",
-        ];
-        ("ci", ci, Duration::from_secs(12), Duration::from_secs(12))
-    } else if let Some(total) = args.duration {
-        // Seven single-fault phases and a mixed phase twice as long.
-        let share = total / (singles.len() as u32 + 2);
-        if share < Duration::from_secs(5) {
-            return Err("--duration is too short: give at least 45s".into());
-        }
-        ("soak", Vec::new(), share, share * 2)
-    } else {
-        (
-            "quick",
-            Vec::new(),
-            Duration::from_secs(20),
-            Duration::from_secs(30),
-        )
-    };
-    let names: Vec<String> = if !args.faults.is_empty() {
-        args.faults.clone()
-    } else if !chosen.is_empty() {
-        chosen.iter().map(|s| s.to_string()).collect()
-    } else {
-        singles
-            .iter()
-            .map(|f| f.name().to_owned())
-            .chain(["mixed".to_owned()])
-            .collect()
-    };
-    let mut phases = Vec::new();
-    for name in names {
-        if name == "mixed" {
-            phases.push(Phase {
-                name,
-                faults: mixed.clone(),
-                duration: mixed_len,
-            });
-        } else {
-            let fault = Fault::parse(&name).ok_or_else(|| format!("unknown fault {name:?} (see `list`)"))?;
-            phases.push(Phase {
-                name,
+    let phases = chosen
+        .into_iter()
+        .map(|f| match f {
+            Some(fault) => Phase {
+                name: fault.name().to_owned(),
                 faults: vec![fault],
-                duration: single_len,
-            });
-        }
-    }
+                duration: share,
+            },
+            None => Phase {
+                name: "mixed".to_owned(),
+                faults: mixed.clone(),
+                duration: share * 2,
+            },
+        })
+        .collect();
     Ok((mode.to_owned(), phases))
 }
 

@@ -7,9 +7,9 @@
 //! its wake-ups), as a GC pause stalls a whole process. The `lost()` signal of every
 //! lease is watched on a separate *observer* runtime, as a supervisor thread would.
 //!
-//! The worker reads commands from stdin (`{"cmd":"pause","ms":N}`, `{"cmd":"stop"}`;
-//! end of input also stops it) and reports every critical section on stdout as one JSON
-//! line.
+//! The worker reads commands from stdin (`{"cmd":"pause","ms":N,"fresh":B}`,
+//! `{"cmd":"stop"}`; end of input also stops it) and reports every critical section on
+//! stdout as one JSON line.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -121,12 +121,17 @@ pub fn cs_worker(cs: u64) -> usize {
 
 type Out = mpsc::Sender<String>;
 
+/// Marks a pending stall that only a freshly acquired holder may take.
+const FRESH: u64 = 1 << 63;
+
 /// Shared by every client of the worker.
 struct Shared {
     spec: Spec,
     out: Out,
     stop: watch::Sender<bool>,
-    /// Per algorithm: a pending stall (ms) for the next holder that reaches its write.
+    /// Per algorithm: a pending stall (ms) for the next holder that reaches its write;
+    /// with [`FRESH`] set, only for a holder that acquired less than 0.2 × TTL ago, so
+    /// that the stall ends well within even an unrenewed lease.
     pauses: Vec<AtomicU64>,
     observer: tokio::runtime::Handle,
 }
@@ -170,7 +175,10 @@ pub fn main(spec: &str) -> ExitCode {
                 let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
                 match cmd["cmd"].as_str() {
                     Some("pause") => {
-                        let ms = cmd["ms"].as_u64().unwrap_or(0);
+                        let mut ms = cmd["ms"].as_u64().unwrap_or(0) & !FRESH;
+                        if cmd["fresh"].as_bool() == Some(true) {
+                            ms |= FRESH;
+                        }
                         for p in &shared.pauses {
                             p.store(ms, Ordering::Release);
                         }
@@ -410,7 +418,15 @@ async fn client_task(
             }
             // client-pause: the holder checked its lease a moment ago and now stalls, its
             // whole client frozen, before the write — Kleppmann's scenario.
-            let stall = shared.pauses[ai].swap(0, Ordering::AcqRel);
+            let fresh = mono_ns() - acquired_ns < spec.ttl_ms * 200_000;
+            let pending = shared.pauses[ai].load(Ordering::Acquire);
+            let stall = if pending != 0 && (fresh || pending & FRESH == 0) {
+                shared.pauses[ai]
+                    .compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .map_or(0, |p| p & !FRESH)
+            } else {
+                0
+            };
             if stall > 0 {
                 report.insert("stall".into(), stall.into());
                 report.insert("stall_ns".into(), mono_ns().into());
