@@ -11,7 +11,8 @@
 //!   accepted access of another critical section (A, B, A) in the resource's log.
 //! - For algorithms with leases, **paused holders whose `lost()` did not fire first**:
 //!   a holder stalled well past its lease (`client-pause`, at least 1.2 × TTL) must have
-//!   seen `lost()` fire — and before the resource refused its write, when it did.
+//!   seen `lost()` fire before the resource answered its write — refused it or, when no
+//!   newer holder had come yet, accepted it.
 //! - For fenced algorithms, **unexpected overlaps**: the resource refused a holder A
 //!   because a newer holder B had accessed it *while A's lease was still valid by A's
 //!   own clock*. That means two holders at once. When Redis forgot the lock in between
@@ -87,10 +88,10 @@ pub struct Verdict {
     pub fenced_rejections: u64,
     pub overlaps_caught: u64,
     pub overlaps_unexpected: u64,
-    /// Holders stalled past their lease, and how many of them were refused.
+    /// Holders stalled past their lease, and how many of those checked were refused.
     pub paused: u64,
     pub paused_rejected: u64,
-    /// ... whose `lost()` fired before the resource refused them (or before they wrote).
+    /// ... whose `lost()` fired before the resource refused (or accepted) their write.
     pub paused_lost_first: u64,
     pub paused_lost_missing: u64,
     pub paused_lost_late: u64,
@@ -128,10 +129,10 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
     };
 
     // Lost or duplicated increments, from the resource's side only.
-    let mut written: HashSet<u64> = HashSet::new();
+    let mut written: HashMap<u64, u64> = HashMap::new();
     for a in log.accesses.iter().filter(|a| a.write && a.accepted) {
         v.critical_sections += 1;
-        if !written.insert(a.cs) {
+        if written.insert(a.cs, a.at_ns).is_some() {
             v.harness_errors
                 .push(format!("critical section {:#x} has two accepted writes", a.cs));
         }
@@ -166,7 +167,7 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
     // The clients' view must match the log.
     let mut mismatches = 0u64;
     for (cs, r) in &tally.cs {
-        let applied = written.contains(cs);
+        let applied = written.contains_key(cs);
         if applied != (r.outcome == Outcome::Ok) {
             mismatches += 1;
             if mismatches <= 3 {
@@ -182,7 +183,7 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
                 .push(format!("critical section {cs:#x}: resource i/o error"));
         }
     }
-    for cs in &written {
+    for cs in written.keys() {
         if !tally.cs.contains_key(cs) {
             mismatches += 1;
             if mismatches <= 3 {
@@ -254,9 +255,6 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
             continue;
         }
         v.paused += 1;
-        if r.rejected_ns.is_some() {
-            v.paused_rejected += 1;
-        }
         // A frozen process freezes its lost() watcher too: nothing to order then.
         let until = r.rejected_ns.unwrap_or(r.stall_ns + r.stall_ms * 1_000_000) + 1_000_000_000;
         let frozen = events.iter().any(|e| {
@@ -269,7 +267,13 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
             v.paused_excused += 1;
             continue;
         }
-        match (r.lost_ns, r.rejected_ns) {
+        if r.rejected_ns.is_some() {
+            v.paused_rejected += 1;
+        }
+        // lost() must precede the resource's answer to the stalled write: its refusal, or
+        // (no newer holder had come yet) its acceptance.
+        let answered = r.rejected_ns.or_else(|| written.get(cs).copied());
+        match (r.lost_ns, answered) {
             (None, _) => {
                 v.paused_lost_missing += 1;
                 v.detail(format!(
@@ -277,11 +281,11 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
                     r.stall_ms, r.stall_ns
                 ));
             }
-            (Some(lost), Some(rejected)) if lost >= rejected => {
+            (Some(lost), Some(answered)) if lost >= answered => {
                 v.paused_lost_late += 1;
                 v.detail(format!(
-                    "critical section {cs:#x} stalled {}ms from t={}ns: refused at t={rejected}ns, \
-                     lost() only at t={lost}ns",
+                    "critical section {cs:#x} stalled {}ms from t={}ns: the resource answered its write \
+                     at t={answered}ns, lost() only fired at t={lost}ns",
                     r.stall_ms, r.stall_ns
                 ));
             }
@@ -435,5 +439,48 @@ mod tests {
         let v = check(&log, &tally, &[], Duration::from_secs(1));
         assert_eq!(v.paused_lost_late, 1);
         assert_eq!(v.violations, 1);
+    }
+
+    #[test]
+    fn a_paused_holder_whose_write_is_accepted_must_see_lost_before_it() {
+        let log = CounterLog {
+            fenced: true,
+            value: 1,
+            accesses: vec![access(1, 10, false, 0, true, 50), write(1, 10, 0, 1, 2_000)],
+            ..CounterLog::default()
+        };
+        let mut r = report(Outcome::Ok);
+        r.has_lease = true;
+        r.stall_ms = 1500;
+        r.stall_ns = 100;
+        r.lost = Some("expired".into());
+        for (lost_ns, first, late) in [(1_500, 1, 0), (2_500, 0, 1)] {
+            let mut tally = Tally::default();
+            tally.cs.insert(
+                1,
+                CsReport {
+                    lost_ns: Some(lost_ns),
+                    ..r.clone()
+                },
+            );
+            let v = check(&log, &tally, &[], Duration::from_secs(1));
+            assert_eq!(
+                (v.paused_lost_first, v.paused_lost_late),
+                (first, late),
+                "lost at {lost_ns}"
+            );
+        }
+        // A stall shorter than 1.2 x TTL is not held to it.
+        let mut tally = Tally::default();
+        tally.cs.insert(
+            1,
+            CsReport {
+                stall_ms: 1100,
+                lost_ns: None,
+                ..r.clone()
+            },
+        );
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!((v.paused, v.short_stalls, v.violations), (0, 1, 0));
     }
 }

@@ -366,8 +366,9 @@ fn summary(rows: &[coordinator::Row], seconds: f64) {
             let first: u64 = mine.iter().map(|r| r.verdict.paused_lost_first).sum();
             let refused: u64 = mine.iter().map(|r| r.verdict.paused_rejected).sum();
             println!(
-                "  paused holders: {first}/{paused} saw lost() fire before the resource refused them \
-                 ({refused} refused) or before they wrote"
+                "  paused holders: {first}/{paused} saw lost() fire before the resource answered their \
+                 write ({refused} refused, {} accepted)",
+                paused - refused
             );
         }
     }
