@@ -686,6 +686,7 @@ impl MutexGuard {
             Some(&pending),
         )
         .await?;
+        let answered = Instant::now();
         let doubted = pending.doubted();
         pending.disarm();
         match int(&reply) {
@@ -696,6 +697,12 @@ impl MutexGuard {
             // Free, and we were its last holder: if an earlier attempt of this release
             // may have landed while the lease was still valid, that attempt released it.
             Some(-1) if doubted && sent < valid_until => Ok(()),
+            // Held by another token, or free after another holder: if an earlier attempt
+            // may have landed and this answer came back while our lease was still valid,
+            // our key cannot have expired on the server before this retry ran. As long as
+            // Redis kept its writes, that earlier attempt deleted it — and its wake-up
+            // let the next holder in before the retry arrived.
+            Some(0 | -2) if doubted && answered < valid_until => Ok(()),
             _ => Err(Error::NotHeld {
                 name: s.name.to_string(),
             }),

@@ -63,25 +63,31 @@ async fn lost_reply_without_recovery_leaves_no_orphan() {
     )
     .await;
     let mutex = client.mutex("orphan").unwrap();
-    let conn = raw(&server).await;
+    let mut conn = raw(&server).await;
 
     proxy.hold_replies();
     let attempt = tokio::spawn({
         let mutex = mutex.clone();
         async move { mutex.try_lock().await }
     });
-    // Checked while the attempt is still retrying: once it gives up, the background
-    // cleanup may delete the key at any moment (requests still pass the proxy).
-    eventually(5.0, "the SET landed while its reply was held", || {
+    eventually(2.0, "the SET lands while its reply is held", || {
         let mut conn = conn.clone();
         async move { exists(&mut conn, "redlease:orphan").await }
     })
     .await;
+    // Requests still flow while replies are held, so the background clean-up would
+    // land at once: hold it back too, to see the orphan survive the caller's error.
+    proxy.hold_requests();
     let err = within(5.0, "try_lock gives up", attempt)
         .await
         .unwrap()
         .unwrap_err();
     assert!(err.is_unavailable(), "expected a timeout-class error, got {err}");
+    assert!(
+        exists(&mut conn, "redlease:orphan").await,
+        "the lock the failed attempt took is still there"
+    );
+    proxy.release_requests();
     proxy.release_replies();
     eventually(5.0, "the orphan is compare-and-deleted", || {
         let mut conn = conn.clone();
@@ -319,4 +325,56 @@ async fn a_waiter_survives_a_server_restart() {
     );
     assert_eq!(held.lost().await, LostReason::Gone);
     guard.release().await.unwrap();
+}
+
+/// A release whose reply is lost still released the lock — and woke the next waiter,
+/// which took it before the retried release arrived. The retry finds another holder,
+/// but the lease was valid all along: the release must be reported as done, not as
+/// "not held" (which tells the caller its work may have overlapped another holder's).
+/// Found by the torture run under `conn-reset`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_is_not_reported_as_lost_after_a_handoff() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let holder = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(5)).await;
+    let waiter = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let guard = holder.mutex("handoff").unwrap().lock().await.unwrap();
+    let waiting = tokio::spawn({
+        let mutex = waiter.mutex("handoff").unwrap();
+        async move { mutex.lock().await }
+    });
+    eventually(5.0, "the waiter subscribes", || {
+        let mut conn = conn.clone();
+        async move {
+            let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("{redlease:handoff}:wake")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            subs[0].1 == 1
+        }
+    })
+    .await;
+
+    proxy.hold_replies();
+    let release = tokio::spawn(guard.release());
+    let next = within(5.0, "the waiter takes over", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    // Past the holder's 200 ms reply timeout: its release is retried and finds the waiter.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.release_replies();
+    let released = within(5.0, "release returns", release).await.unwrap();
+    assert!(
+        released.is_ok(),
+        "a release that succeeded, with its reply lost, reported {released:?}"
+    );
+    assert_eq!(
+        get(&mut conn, "redlease:handoff").await.as_deref(),
+        Some(next.token().expose())
+    );
+    next.release().await.unwrap();
 }

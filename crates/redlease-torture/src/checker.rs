@@ -1,0 +1,486 @@
+//! The checker: audits one counter's access log against what the clients reported.
+//!
+//! What it counts as a **violation**:
+//!
+//! - **lost or duplicated increments**: `|final value − accepted writes|`. Each critical
+//!   section writes back what it read plus one, so with mutual exclusion every accepted
+//!   write adds exactly one. The number of accepted writes comes from the resource's own
+//!   log, never from the clients, so a client that believes its write was refused (or
+//!   applied) cannot skew it.
+//! - **interleavings**: critical sections whose accepted accesses were split by an
+//!   accepted access of another critical section (A, B, A) in the resource's log.
+//! - For algorithms with leases, **paused holders whose `lost()` did not fire first**:
+//!   a holder stalled well past its lease (`client-pause`, at least 1.2 × TTL) must have
+//!   seen `lost()` fire before the resource answered its write — refused it or, when no
+//!   newer holder had come yet, accepted it.
+//! - For fenced algorithms, **unexpected overlaps**: the resource refused a holder A
+//!   because a newer holder B had accessed it *while A's lease was still valid by A's
+//!   own clock*. That means two holders at once. When Redis forgot the lock in between
+//!   (a restart without persistence), this is the documented limit of a Redis lock, the
+//!   fence refused A, and it is counted as an overlap *caught by fencing*, not a
+//!   violation. Otherwise it is a violation.
+//!
+//! Disagreements between the clients' reports and the resource's log (a write a client
+//! reports as done that the resource never accepted, or the reverse) are harness errors.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::faults::{Event, Fault};
+use crate::resource::CounterLog;
+use crate::worker::cs_worker;
+
+/// How a critical section ended, as its client reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its write was accepted.
+    Ok,
+    /// The resource refused its read or write (stale token).
+    Fenced,
+    /// It saw its lease lost before an access and stopped.
+    Abandoned,
+    /// The resource connection failed (a harness error).
+    Io,
+}
+
+/// One critical section as its client reported it. Times are on the shared clock.
+#[derive(Clone, Debug)]
+pub struct CsReport {
+    pub outcome: Outcome,
+    /// When it started to acquire.
+    pub start_ns: u64,
+    /// Stall injected before its write (`client-pause`), and when it began.
+    pub stall_ms: u64,
+    pub stall_ns: u64,
+    /// When the resource refused it.
+    pub rejected_ns: Option<u64>,
+    /// Its lease's `lost()`: the reason and when it fired (not set when released first).
+    pub lost: Option<String>,
+    pub lost_ns: Option<u64>,
+    pub has_lease: bool,
+    pub release: String,
+}
+
+/// What the clients of one algorithm reported in one phase.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub cs: HashMap<u64, CsReport>,
+    pub acquire_timeouts: u64,
+    pub acquire_unavailable: u64,
+    pub acquire_other: u64,
+    pub other_errors: Vec<String>,
+}
+
+/// The checker's findings for one algorithm in one phase.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    /// Critical sections completed: writes the resource accepted.
+    pub critical_sections: u64,
+    /// Critical sections entered (the lock was acquired).
+    pub entered: u64,
+    pub final_value: u64,
+    pub lost_increments: u64,
+    /// Accepted writes that did not add one to the value they replaced (each loses the
+    /// increments since its read; `lost_increments` counts those).
+    pub stale_writes: u64,
+    pub interleavings: u64,
+    /// Accesses the resource refused for a stale token.
+    pub fenced_rejections: u64,
+    pub overlaps_caught: u64,
+    pub overlaps_unexpected: u64,
+    /// Holders stalled past their lease, and how many of those checked were refused.
+    pub paused: u64,
+    pub paused_rejected: u64,
+    /// ... whose `lost()` fired before the resource refused (or accepted) their write.
+    pub paused_lost_first: u64,
+    pub paused_lost_missing: u64,
+    pub paused_lost_late: u64,
+    /// Paused holders whose whole process was also frozen (no ordering is checked).
+    pub paused_excused: u64,
+    /// Holders stalled for less than 1.2 × TTL (around server restarts, or around the
+    /// lease's end): their lease may legitimately outlive the stall, or `lost()` fire a
+    /// moment after the refusal, so no `lost()` ordering is required of them.
+    pub short_stalls: u64,
+    /// Leases whose `lost()` fired (gone or expired); `None` without leases.
+    pub lost_signals: Option<u64>,
+    pub abandoned: u64,
+    pub release_not_held: u64,
+    pub harness_errors: Vec<String>,
+    pub violations: u64,
+    /// The first few violations, described, for whoever has to investigate.
+    pub details: Vec<String>,
+}
+
+impl Verdict {
+    fn detail(&mut self, what: String) {
+        if self.details.len() < 5 {
+            self.details.push(what);
+        }
+    }
+}
+
+/// Audits `log` (one algorithm's counter) against `tally` (its clients' reports);
+/// `events` are the faults injected meanwhile, `ttl` the lease length.
+pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -> Verdict {
+    let mut v = Verdict {
+        final_value: log.value,
+        entered: tally.cs.len() as u64,
+        ..Verdict::default()
+    };
+
+    // Lost or duplicated increments, from the resource's side only.
+    let mut written: HashMap<u64, u64> = HashMap::new();
+    for a in log.accesses.iter().filter(|a| a.write && a.accepted) {
+        v.critical_sections += 1;
+        if written.insert(a.cs, a.at_ns).is_some() {
+            v.harness_errors
+                .push(format!("critical section {:#x} has two accepted writes", a.cs));
+        }
+        if a.value != a.before + 1 {
+            v.stale_writes += 1;
+            v.detail(format!(
+                "t={}ns: critical section {:#x} (token {}) wrote {} over {}",
+                a.at_ns, a.cs, a.token, a.value, a.before
+            ));
+        }
+    }
+    v.lost_increments = v.critical_sections.abs_diff(log.value);
+
+    // Interleavings: A, B, A among accepted accesses.
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut interleaved: HashSet<u64> = HashSet::new();
+    let mut last = None;
+    for a in log.accesses.iter().filter(|a| a.accepted) {
+        if last != Some(a.cs) && !seen.insert(a.cs) && interleaved.insert(a.cs) {
+            v.detail(format!(
+                "t={}ns: critical section {:#x} (token {}) accessed again after {:#x}",
+                a.at_ns,
+                a.cs,
+                a.token,
+                last.unwrap_or(0)
+            ));
+        }
+        last = Some(a.cs);
+    }
+    v.interleavings = interleaved.len() as u64;
+
+    // The clients' view must match the log.
+    let mut mismatches = 0u64;
+    for (cs, r) in &tally.cs {
+        let applied = written.contains_key(cs);
+        if applied != (r.outcome == Outcome::Ok) {
+            mismatches += 1;
+            if mismatches <= 3 {
+                v.harness_errors.push(format!(
+                    "critical section {cs:#x}: client reports {:?}, resource {} its write",
+                    r.outcome,
+                    if applied { "accepted" } else { "has no accepted" }
+                ));
+            }
+        }
+        if r.outcome == Outcome::Io {
+            v.harness_errors
+                .push(format!("critical section {cs:#x}: resource i/o error"));
+        }
+    }
+    for cs in written.keys() {
+        if !tally.cs.contains_key(cs) {
+            mismatches += 1;
+            if mismatches <= 3 {
+                v.harness_errors.push(format!(
+                    "critical section {cs:#x}: write accepted but never reported"
+                ));
+            }
+        }
+    }
+    if mismatches > 3 {
+        v.harness_errors
+            .push(format!("{mismatches} report/log mismatches in all"));
+    }
+
+    // Refused accesses: did a newer holder act while the refused one's lease was valid?
+    let losses: Vec<u64> = events
+        .iter()
+        .filter(|e| e.fault.loses_writes())
+        .map(|e| e.start_ns)
+        .collect();
+    for a in log.accesses.iter().filter(|a| !a.accepted) {
+        v.fenced_rejections += 1;
+        if a.valid_until_ns == 0 {
+            continue;
+        }
+        let i = log.raises.partition_point(|&(_, max)| max <= a.token);
+        let Some(&(newer_at, _)) = log.raises.get(i) else {
+            v.harness_errors.push(format!(
+                "critical section {:#x} refused without a newer token",
+                a.cs
+            ));
+            continue;
+        };
+        if newer_at >= a.valid_until_ns {
+            continue;
+        }
+        let since = tally.cs.get(&a.cs).map_or(0, |r| r.start_ns);
+        if losses.iter().any(|&t| since <= t && t <= newer_at) {
+            v.overlaps_caught += 1;
+        } else {
+            v.overlaps_unexpected += 1;
+            v.detail(format!(
+                "t={}ns: a newer token accessed while critical section {:#x} (token {}) held a lease \
+                 valid until t={}ns; refused at t={}ns",
+                newer_at, a.cs, a.token, a.valid_until_ns, a.at_ns
+            ));
+        }
+    }
+
+    // Paused holders, lost() signals, and the rest of the clients' story.
+    let has_lease = tally.cs.values().any(|r| r.has_lease);
+    let mut lost_signals = 0;
+    for (cs, r) in &tally.cs {
+        if r.lost.is_some() {
+            lost_signals += 1;
+        }
+        match r.outcome {
+            Outcome::Abandoned => v.abandoned += 1,
+            Outcome::Ok | Outcome::Fenced | Outcome::Io => {}
+        }
+        if r.release == "not-held" {
+            v.release_not_held += 1;
+        }
+        if r.stall_ms == 0 || !r.has_lease {
+            continue;
+        }
+        if (r.stall_ms as f64) < ttl.as_millis() as f64 * 1.2 {
+            v.short_stalls += 1;
+            continue;
+        }
+        v.paused += 1;
+        // A frozen process freezes its lost() watcher too: nothing to order then.
+        let until = r.rejected_ns.unwrap_or(r.stall_ns + r.stall_ms * 1_000_000) + 1_000_000_000;
+        let frozen = events.iter().any(|e| {
+            e.fault == Fault::ProcessPause
+                && e.worker == Some(cs_worker(*cs))
+                && e.start_ns < until
+                && e.end_ns > r.stall_ns
+        });
+        if frozen {
+            v.paused_excused += 1;
+            continue;
+        }
+        if r.rejected_ns.is_some() {
+            v.paused_rejected += 1;
+        }
+        // lost() must precede the resource's answer to the stalled write: its refusal, or
+        // (no newer holder had come yet) its acceptance.
+        let answered = r.rejected_ns.or_else(|| written.get(cs).copied());
+        match (r.lost_ns, answered) {
+            (None, _) => {
+                v.paused_lost_missing += 1;
+                v.detail(format!(
+                    "critical section {cs:#x} stalled {}ms from t={}ns and lost() never fired",
+                    r.stall_ms, r.stall_ns
+                ));
+            }
+            (Some(lost), Some(answered)) if lost >= answered => {
+                v.paused_lost_late += 1;
+                v.detail(format!(
+                    "critical section {cs:#x} stalled {}ms from t={}ns: the resource answered its write \
+                     at t={answered}ns, lost() only fired at t={lost}ns",
+                    r.stall_ms, r.stall_ns
+                ));
+            }
+            (Some(_), _) => v.paused_lost_first += 1,
+        }
+    }
+    v.lost_signals = has_lease.then_some(lost_signals);
+
+    v.violations = v.lost_increments
+        + v.interleavings
+        + v.overlaps_unexpected
+        + v.paused_lost_missing
+        + v.paused_lost_late;
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Access;
+
+    fn access(cs: u64, token: u64, write: bool, value: u64, accepted: bool, at_ns: u64) -> Access {
+        Access {
+            cs,
+            token,
+            write,
+            value,
+            before: 0,
+            accepted,
+            at_ns,
+            valid_until_ns: 0,
+        }
+    }
+
+    fn write(cs: u64, token: u64, before: u64, value: u64, at_ns: u64) -> Access {
+        Access {
+            before,
+            ..access(cs, token, true, value, true, at_ns)
+        }
+    }
+
+    fn report(outcome: Outcome) -> CsReport {
+        CsReport {
+            outcome,
+            start_ns: 0,
+            stall_ms: 0,
+            stall_ns: 0,
+            rejected_ns: None,
+            lost: None,
+            lost_ns: None,
+            has_lease: false,
+            release: "released".into(),
+        }
+    }
+
+    #[test]
+    fn a_lost_update_is_an_interleaving_and_a_lost_increment() {
+        // A reads 0, B reads 0, A writes 1, B writes 1.
+        let log = CounterLog {
+            fenced: false,
+            value: 1,
+            accesses: vec![
+                access(1, 0, false, 0, true, 1),
+                access(2, 0, false, 0, true, 2),
+                write(1, 0, 0, 1, 3),
+                write(2, 0, 1, 1, 4),
+            ],
+            ..CounterLog::default()
+        };
+        let mut tally = Tally::default();
+        tally.cs.insert(1, report(Outcome::Ok));
+        tally.cs.insert(2, report(Outcome::Ok));
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!(v.critical_sections, 2);
+        assert_eq!(v.lost_increments, 1);
+        assert_eq!(v.stale_writes, 1, "B wrote 1 over 1");
+        assert_eq!(
+            v.interleavings, 2,
+            "A's write came after B's read, B's after A's write"
+        );
+        assert_eq!(v.violations, 3);
+        assert!(v.harness_errors.is_empty());
+    }
+
+    #[test]
+    fn the_resource_log_decides_not_the_client() {
+        // The client believes its write was refused; the resource applied it.
+        let log = CounterLog {
+            value: 1,
+            accesses: vec![access(1, 0, false, 0, true, 1), write(1, 0, 0, 1, 2)],
+            ..CounterLog::default()
+        };
+        let mut tally = Tally::default();
+        tally.cs.insert(1, report(Outcome::Fenced));
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!(v.critical_sections, 1);
+        assert_eq!(v.violations, 0);
+        assert_eq!(v.harness_errors.len(), 1, "{:?}", v.harness_errors);
+    }
+
+    #[test]
+    fn a_refusal_inside_the_older_lease_is_an_overlap_unless_redis_lost_the_lock() {
+        let mut stale = access(1, 10, true, 1, false, 50);
+        stale.valid_until_ns = 40;
+        let log = CounterLog {
+            fenced: true,
+            value: 1,
+            max_token: 11,
+            accesses: vec![
+                access(1, 10, false, 0, true, 10),
+                access(2, 11, false, 0, true, 30),
+                write(2, 11, 0, 1, 31),
+                stale,
+            ],
+            raises: vec![(10, 10), (30, 11)],
+        };
+        let mut tally = Tally::default();
+        tally.cs.insert(1, report(Outcome::Fenced));
+        tally.cs.insert(2, report(Outcome::Ok));
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!((v.fenced_rejections, v.overlaps_unexpected), (1, 1));
+        assert_eq!(v.violations, 1);
+        let restart = Event {
+            fault: Fault::ServerRestart,
+            start_ns: 20,
+            end_ns: 25,
+            worker: None,
+        };
+        let v = check(&log, &tally, &[restart], Duration::from_secs(1));
+        assert_eq!(
+            (v.overlaps_caught, v.overlaps_unexpected, v.violations),
+            (1, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_paused_holder_must_see_lost_before_the_refusal() {
+        let log = CounterLog {
+            fenced: true,
+            ..CounterLog::default()
+        };
+        let mut tally = Tally::default();
+        let mut r = report(Outcome::Fenced);
+        r.has_lease = true;
+        r.stall_ms = 1500;
+        r.stall_ns = 100;
+        r.rejected_ns = Some(2_000);
+        r.lost = Some("expired".into());
+        r.lost_ns = Some(2_500);
+        tally.cs.insert(1, r);
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!(v.paused_lost_late, 1);
+        assert_eq!(v.violations, 1);
+    }
+
+    #[test]
+    fn a_paused_holder_whose_write_is_accepted_must_see_lost_before_it() {
+        let log = CounterLog {
+            fenced: true,
+            value: 1,
+            accesses: vec![access(1, 10, false, 0, true, 50), write(1, 10, 0, 1, 2_000)],
+            ..CounterLog::default()
+        };
+        let mut r = report(Outcome::Ok);
+        r.has_lease = true;
+        r.stall_ms = 1500;
+        r.stall_ns = 100;
+        r.lost = Some("expired".into());
+        for (lost_ns, first, late) in [(1_500, 1, 0), (2_500, 0, 1)] {
+            let mut tally = Tally::default();
+            tally.cs.insert(
+                1,
+                CsReport {
+                    lost_ns: Some(lost_ns),
+                    ..r.clone()
+                },
+            );
+            let v = check(&log, &tally, &[], Duration::from_secs(1));
+            assert_eq!(
+                (v.paused_lost_first, v.paused_lost_late),
+                (first, late),
+                "lost at {lost_ns}"
+            );
+        }
+        // A stall shorter than 1.2 x TTL is not held to it.
+        let mut tally = Tally::default();
+        tally.cs.insert(
+            1,
+            CsReport {
+                stall_ms: 1100,
+                lost_ns: None,
+                ..r.clone()
+            },
+        );
+        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        assert_eq!((v.paused, v.short_stalls, v.violations), (0, 1, 0));
+    }
+}

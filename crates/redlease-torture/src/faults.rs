@@ -1,0 +1,110 @@
+//! The faults a run injects, by name. Each phase of a run injects one of them over and
+//! over (or all of them at random, in the `mixed` phase); `inject` in the coordinator
+//! performs one event.
+
+use std::fmt;
+
+use redlease_testkit::Persistence;
+
+/// One kind of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fault {
+    /// The proxy holds Redis's replies past the clients' response timeout, then lets
+    /// them through: requests land, their replies arrive late or never (seed 002).
+    ReplyDelay,
+    /// The proxy cuts every client connection, usually with commands in flight.
+    ConnReset,
+    /// One lock holder stalls inside its critical section past its lease — its whole
+    /// client (renewal task included) is blocked, as in a GC pause — then writes.
+    ClientPause,
+    /// A whole worker process is frozen with SIGSTOP past the lease, then SIGCONT.
+    ProcessPause,
+    /// The lock's redis-server is killed (SIGKILL) and restarted empty.
+    ServerRestart,
+    /// The same, with `appendonly yes` / `appendfsync always`: it comes back with every
+    /// write it acknowledged.
+    ServerRestartAof,
+    /// The lock's redis-server is frozen with SIGSTOP, then SIGCONT.
+    ServerPause,
+    /// Redis's clock jumps. Only meaningful for the legacy timestamp mode, which is not
+    /// part of the torture run yet; no algorithm accepts it today.
+    Clock,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 8] = [
+        Fault::ReplyDelay,
+        Fault::ConnReset,
+        Fault::ClientPause,
+        Fault::ProcessPause,
+        Fault::ServerRestart,
+        Fault::ServerRestartAof,
+        Fault::ServerPause,
+        Fault::Clock,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::ReplyDelay => "reply-delay",
+            Fault::ConnReset => "conn-reset",
+            Fault::ClientPause => "client-pause",
+            Fault::ProcessPause => "process-pause",
+            Fault::ServerRestart => "server-restart",
+            Fault::ServerRestartAof => "server-restart-aof",
+            Fault::ServerPause => "server-pause",
+            Fault::Clock => "clock",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fault::ReplyDelay => {
+                "proxy holds replies 0.3-1.5 x TTL (past the response timeout), then releases them"
+            }
+            Fault::ConnReset => "proxy cuts every connection, commands in flight",
+            Fault::ClientPause => {
+                "a holder's thread (work, renewal, everything of its client) blocks 0.9-2.5 x TTL mid-section, then writes"
+            }
+            Fault::ProcessPause => "SIGSTOP a worker process 1.5-2.5 x TTL, then SIGCONT",
+            Fault::ServerRestart => "SIGKILL redis-server, restart it empty",
+            Fault::ServerRestartAof => "SIGKILL redis-server, restart it from its appendfsync-always AOF",
+            Fault::ServerPause => "SIGSTOP redis-server 0.3-2 x TTL, then SIGCONT",
+            Fault::Clock => "step Redis's clock (legacy timestamp mode only; not available yet)",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// How the lock server must persist for this fault.
+    pub fn persistence(self) -> Persistence {
+        match self {
+            Fault::ServerRestartAof => Persistence::AofAlways,
+            _ => Persistence::None,
+        }
+    }
+
+    /// Whether an event of this fault can make Redis forget acknowledged writes (and
+    /// so forget a held lock). Two holders are then possible; only fencing protects the
+    /// resource, and the checker expects it to.
+    pub fn loses_writes(self) -> bool {
+        matches!(self, Fault::ServerRestart)
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One injected event, on the run's shared clock.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub fault: Fault,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The worker it targeted (client-pause, process-pause).
+    pub worker: Option<usize>,
+}

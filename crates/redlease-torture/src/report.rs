@@ -1,0 +1,242 @@
+//! The summary table on stdout and the `--json` document.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use serde_json::{Value, json};
+
+use crate::coordinator::{Config, Row};
+use crate::faults::Fault;
+
+/// A must-be-safe algorithm that completes fewer critical sections than this in a phase
+/// proves nothing there; the run fails as a harness error.
+pub const MIN_PROGRESS: u64 = 10;
+
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |n| n.to_string())
+}
+
+fn faults_label(faults: &[Fault]) -> String {
+    if faults.len() == 1 {
+        faults[0].name().to_owned()
+    } else {
+        format!("mixed({})", faults.len())
+    }
+}
+
+/// The results table, one row per algorithm and phase, then totals per algorithm.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let header = format!(
+        "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+        "algorithm",
+        "faults",
+        "CS",
+        "viol",
+        "lost-sig",
+        "fenced",
+        "caught",
+        "paused",
+        "abandon",
+        "acq-err",
+        "stuck"
+    );
+    let _ = writeln!(out, "{header}");
+    let _ = writeln!(out, "{}", "-".repeat(header.len()));
+    for r in rows {
+        let v = &r.verdict;
+        let paused = if v.paused == 0 {
+            "-".to_owned()
+        } else {
+            format!("{}/{}", v.paused_lost_first, v.paused - v.paused_excused)
+        };
+        let _ = writeln!(
+            out,
+            "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+            r.algorithm,
+            faults_label(&r.faults),
+            v.critical_sections,
+            v.violations,
+            opt(v.lost_signals),
+            if r.fenced {
+                v.fenced_rejections.to_string()
+            } else {
+                "-".into()
+            },
+            if r.fenced {
+                v.overlaps_caught.to_string()
+            } else {
+                "-".into()
+            },
+            paused,
+            v.abandoned,
+            r.acquire_unavailable + r.acquire_other,
+            if r.stuck_locks_broken > 0 {
+                r.stuck_locks_broken.to_string()
+            } else {
+                "-".into()
+            },
+        );
+    }
+    let _ = writeln!(out, "{}", "-".repeat(header.len()));
+    for t in totals(rows) {
+        let n = |k: &str| t[k].as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let fenced = t["fenced"].as_bool() == Some(true);
+        let paused = match (
+            t["paused_holders_checked"].as_u64(),
+            t["paused_lost_before_rejection_or_write"].as_u64(),
+        ) {
+            (Some(p), Some(f)) if p > 0 => format!("{f}/{p}"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7}",
+            t["algorithm"].as_str().unwrap_or(""),
+            "all",
+            n("critical_sections"),
+            n("violations"),
+            n("lost_signals_fired"),
+            if fenced {
+                n("fenced_rejections")
+            } else {
+                "-".into()
+            },
+            if fenced {
+                n("overlaps_caught_by_fencing")
+            } else {
+                "-".into()
+            },
+            paused,
+        );
+    }
+    out
+}
+
+/// Per-algorithm totals over all phases, in first-seen order.
+fn totals(rows: &[Row]) -> Vec<Value> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in rows {
+        if !names.contains(&r.algorithm.as_str()) {
+            names.push(&r.algorithm);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let mine: Vec<&Row> = rows.iter().filter(|r| r.algorithm == name).collect();
+            let faults: BTreeSet<Fault> = mine.iter().flat_map(|r| r.faults.iter().copied()).collect();
+            let sum = |f: &dyn Fn(&Row) -> u64| mine.iter().map(|r| f(r)).sum::<u64>();
+            let lost = mine
+                .iter()
+                .any(|r| r.verdict.lost_signals.is_some())
+                .then(|| sum(&|r| r.verdict.lost_signals.unwrap_or(0)));
+            json!({
+                "algorithm": name,
+                "must_be_safe": mine[0].must_be_safe,
+                "fenced": mine[0].fenced,
+                "faults": faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+                "critical_sections": sum(&|r| r.verdict.critical_sections),
+                "violations": sum(&|r| r.verdict.violations),
+                "lost_signals_fired": lost,
+                "fenced_rejections": sum(&|r| r.verdict.fenced_rejections),
+                "overlaps_caught_by_fencing": sum(&|r| r.verdict.overlaps_caught),
+                "paused_holders_checked": sum(&|r| r.verdict.paused - r.verdict.paused_excused),
+                "paused_lost_before_rejection_or_write": sum(&|r| r.verdict.paused_lost_first),
+            })
+        })
+        .collect()
+}
+
+fn row_json(r: &Row) -> Value {
+    let v = &r.verdict;
+    json!({
+        "algorithm": r.algorithm,
+        "phase": r.phase,
+        "faults": r.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+        "critical_sections": v.critical_sections,
+        "violations": v.violations,
+        "lost_signals_fired": v.lost_signals,
+        "must_be_safe": r.must_be_safe,
+        "fenced": r.fenced,
+        "seconds": (r.seconds * 10.0).round() / 10.0,
+        "fault_events": r.fault_events,
+        "entered": v.entered,
+        "final_value": v.final_value,
+        "lost_increments": v.lost_increments,
+        "stale_writes": v.stale_writes,
+        "interleavings": v.interleavings,
+        "fenced_rejections": v.fenced_rejections,
+        "overlaps_caught_by_fencing": v.overlaps_caught,
+        "unexpected_overlaps": v.overlaps_unexpected,
+        "paused_holders": v.paused,
+        "paused_holders_refused": v.paused_rejected,
+        "paused_lost_before_rejection_or_write": v.paused_lost_first,
+        "paused_lost_missing": v.paused_lost_missing,
+        "paused_lost_after_rejection": v.paused_lost_late,
+        "paused_in_frozen_process": v.paused_excused,
+        "short_stalls": v.short_stalls,
+        "abandoned_after_lost": v.abandoned,
+        "release_not_held": v.release_not_held,
+        "acquire_timeouts": r.acquire_timeouts,
+        "acquire_unavailable": r.acquire_unavailable,
+        "acquire_other_errors": r.acquire_other,
+        "stuck_locks_broken": r.stuck_locks_broken,
+        "acquire_error_samples": r.acquire_error_samples,
+        "harness_errors": v.harness_errors,
+        "violation_details": v.details,
+    })
+}
+
+/// The `--json` document.
+pub fn json(config: &Config, rows: &[Row], seconds: f64, passed: bool, error: Option<&str>) -> Value {
+    json!({
+        "tool": "redlease-torture",
+        "mode": config.mode,
+        "seed": config.seed,
+        "processes": config.workers,
+        "clients_per_algorithm": config.clients_per_algorithm(),
+        "ttl_ms": config.ttl.as_millis() as u64,
+        "response_timeout_ms": config.response_timeout.as_millis() as u64,
+        "seconds": seconds.round(),
+        "passed": passed,
+        "error": error,
+        "runs": rows.iter().map(row_json).collect::<Vec<_>>(),
+        "totals": totals(rows),
+    })
+}
+
+/// Why the run failed, if it did: violations of must-be-safe algorithms (exit 1) and
+/// harness problems (exit 2).
+pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
+    let mut violations = Vec::new();
+    let mut harness = Vec::new();
+    for r in rows {
+        let v = &r.verdict;
+        if r.must_be_safe && v.violations > 0 {
+            violations.push(format!(
+                "{} under {}: {} violations (lost increments {}, interleavings {}, unexpected overlaps {}, \
+                 paused holders without lost() {}, lost() after the refusal {})",
+                r.algorithm,
+                r.phase,
+                v.violations,
+                v.lost_increments,
+                v.interleavings,
+                v.overlaps_unexpected,
+                v.paused_lost_missing,
+                v.paused_lost_late
+            ));
+            violations.extend(v.details.iter().map(|d| format!("  {d}")));
+        }
+        for e in &v.harness_errors {
+            harness.push(format!("{} under {}: {e}", r.algorithm, r.phase));
+        }
+        if r.must_be_safe && v.critical_sections < MIN_PROGRESS {
+            harness.push(format!(
+                "{} under {}: only {} critical sections completed; the phase proves nothing",
+                r.algorithm, r.phase, v.critical_sections
+            ));
+        }
+    }
+    (violations, harness)
+}

@@ -1,0 +1,472 @@
+//! A worker process: the torture binary re-executed with `worker <spec>`.
+//!
+//! It runs the clients of every algorithm of the phase. Each *group* is one OS thread
+//! with its own single-threaded tokio runtime and one lock client, shared by several
+//! client tasks — one application instance, as it were. A `client-pause` blocks a
+//! group's thread, which stalls everything of that client (its work, its lease renewal,
+//! its wake-ups), as a GC pause stalls a whole process. The `lost()` signal of every
+//! lease is watched on a separate *observer* runtime, as a supervisor thread would.
+//!
+//! The worker reads commands from stdin (`{"cmd":"pause","ms":N,"fresh":B}`,
+//! `{"cmd":"stop"}`; end of input also stops it) and reports every critical section on
+//! stdout as one JSON line.
+
+use std::io::{BufRead, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use redlease::LostReason;
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+
+use crate::algorithms::{self, AcquireError, Algorithm, Held, LockClient, LockEnv};
+use crate::clock::{instant_ns, mono_ns};
+use crate::resource::{Reply, ResourceConn};
+use crate::rng::Rng;
+
+/// What the coordinator tells a worker to run.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub worker: usize,
+    pub lock_urls: Vec<String>,
+    pub resource: String,
+    /// Algorithm names with their lock names; the position is the resource counter.
+    pub algorithms: Vec<(String, String)>,
+    pub groups: usize,
+    pub tasks: usize,
+    pub ttl_ms: u64,
+    pub response_timeout_ms: u64,
+    pub retry_window_ms: u64,
+    pub acquire_timeout_ms: u64,
+    /// Each critical section "works" up to this long between its read and its write...
+    pub work_max_us: u64,
+    /// ... except this many in a thousand, which work 0.3-0.7 x TTL.
+    pub long_work_per_mille: u64,
+    pub seed: u64,
+}
+
+impl Spec {
+    pub fn to_json(&self) -> String {
+        json!({
+            "worker": self.worker,
+            "lock_urls": self.lock_urls,
+            "resource": self.resource,
+            "algorithms": self.algorithms.iter().map(|(a, l)| json!([a, l])).collect::<Vec<_>>(),
+            "groups": self.groups,
+            "tasks": self.tasks,
+            "ttl_ms": self.ttl_ms,
+            "response_timeout_ms": self.response_timeout_ms,
+            "retry_window_ms": self.retry_window_ms,
+            "acquire_timeout_ms": self.acquire_timeout_ms,
+            "work_max_us": self.work_max_us,
+            "long_work_per_mille": self.long_work_per_mille,
+            "seed": self.seed,
+        })
+        .to_string()
+    }
+
+    pub fn from_json(s: &str) -> Result<Spec, String> {
+        let v: Value = serde_json::from_str(s).map_err(|e| format!("bad worker spec: {e}"))?;
+        let n = |k: &str| v[k].as_u64().ok_or_else(|| format!("worker spec lacks {k}"));
+        let s = |k: &str| {
+            v[k].as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| format!("worker spec lacks {k}"))
+        };
+        let urls = v["lock_urls"]
+            .as_array()
+            .ok_or("worker spec lacks lock_urls")?
+            .iter()
+            .filter_map(|u| u.as_str().map(str::to_owned))
+            .collect();
+        let algorithms = v["algorithms"]
+            .as_array()
+            .ok_or("worker spec lacks algorithms")?
+            .iter()
+            .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned())))
+            .collect();
+        Ok(Spec {
+            worker: n("worker")? as usize,
+            lock_urls: urls,
+            resource: s("resource")?,
+            algorithms,
+            groups: n("groups")? as usize,
+            tasks: n("tasks")? as usize,
+            ttl_ms: n("ttl_ms")?,
+            response_timeout_ms: n("response_timeout_ms")?,
+            retry_window_ms: n("retry_window_ms")?,
+            acquire_timeout_ms: n("acquire_timeout_ms")?,
+            work_max_us: n("work_max_us")?,
+            long_work_per_mille: n("long_work_per_mille")?,
+            seed: n("seed")?,
+        })
+    }
+}
+
+/// A critical section's id: worker, algorithm, group, task and sequence number.
+pub fn cs_id(worker: usize, alg: usize, group: usize, task: usize, seq: u32) -> u64 {
+    ((worker as u64 & 0xff) << 56)
+        | ((alg as u64 & 0xff) << 48)
+        | ((group as u64 & 0xff) << 40)
+        | ((task as u64 & 0xff) << 32)
+        | u64::from(seq)
+}
+
+/// The worker a critical section ran in.
+pub fn cs_worker(cs: u64) -> usize {
+    (cs >> 56) as usize
+}
+
+type Out = mpsc::Sender<String>;
+
+/// Marks a pending stall that only a freshly acquired holder may take.
+const FRESH: u64 = 1 << 63;
+
+/// Shared by every client of the worker.
+struct Shared {
+    spec: Spec,
+    out: Out,
+    stop: watch::Sender<bool>,
+    /// Per algorithm: a pending stall (ms) for the next holder that reaches its write;
+    /// with [`FRESH`] set, only for a holder that acquired less than 0.2 × TTL ago, so
+    /// that the stall ends well within even an unrenewed lease.
+    pauses: Vec<AtomicU64>,
+    observer: tokio::runtime::Handle,
+}
+
+pub fn main(spec: &str) -> ExitCode {
+    let spec = match Spec::from_json(spec) {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (out, lines) = mpsc::channel::<String>();
+    let writer = std::thread::spawn(move || write_lines(lines));
+    let observer = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("observer")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start a runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let shared = Arc::new(Shared {
+        pauses: spec.algorithms.iter().map(|_| AtomicU64::new(0)).collect(),
+        stop: watch::channel(false).0,
+        observer: observer.handle().clone(),
+        out: out.clone(),
+        spec,
+    });
+
+    // Commands from the coordinator; the end of stdin (the coordinator died) stops us.
+    {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                let cmd: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                match cmd["cmd"].as_str() {
+                    Some("pause") => {
+                        let mut ms = cmd["ms"].as_u64().unwrap_or(0) & !FRESH;
+                        if cmd["fresh"].as_bool() == Some(true) {
+                            ms |= FRESH;
+                        }
+                        for p in &shared.pauses {
+                            p.store(ms, Ordering::Release);
+                        }
+                    }
+                    Some("stop") => break,
+                    _ => {}
+                }
+            }
+            shared.stop.send_replace(true);
+        });
+    }
+
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let mut threads = Vec::new();
+    for (ai, (name, _)) in shared.spec.algorithms.iter().enumerate() {
+        let Some(alg) = algorithms::by_name(name) else {
+            let _ = out.send(json!({"t": "fatal", "m": format!("unknown algorithm {name}")}).to_string());
+            continue;
+        };
+        for group in 0..shared.spec.groups {
+            let (shared, alg, ready) = (shared.clone(), alg.clone(), ready_tx.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-g{group}", alg.name()))
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .expect("a current-thread runtime");
+                    rt.block_on(group_main(shared, alg, ai, group, ready));
+                });
+            match thread {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    let _ = out
+                        .send(json!({"t": "fatal", "m": format!("cannot start a thread: {e}")}).to_string());
+                }
+            }
+        }
+    }
+    drop(ready_tx);
+    let mut failed = false;
+    for _ in 0..threads.len() {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                failed = true;
+                let _ = out.send(json!({"t": "fatal", "m": e}).to_string());
+            }
+            Err(_) => break,
+        }
+    }
+    if failed {
+        shared.stop.send_replace(true);
+    } else {
+        let _ = out.send(json!({"t": "ready"}).to_string());
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    let _ = out.send(json!({"t": "done"}).to_string());
+    drop(out);
+    drop(shared);
+    let _ = writer.join();
+    observer.shutdown_background();
+    ExitCode::SUCCESS
+}
+
+fn write_lines(lines: mpsc::Receiver<String>) {
+    let stdout = std::io::stdout();
+    let mut w = std::io::BufWriter::new(stdout.lock());
+    while let Ok(line) = lines.recv() {
+        let _ = writeln!(w, "{line}");
+        while let Ok(line) = lines.try_recv() {
+            let _ = writeln!(w, "{line}");
+        }
+        let _ = w.flush();
+    }
+}
+
+async fn group_main(
+    shared: Arc<Shared>,
+    alg: Arc<dyn Algorithm>,
+    ai: usize,
+    group: usize,
+    ready: mpsc::Sender<Result<(), String>>,
+) {
+    let spec = &shared.spec;
+    let env = LockEnv {
+        urls: spec.lock_urls.clone(),
+        name: spec.algorithms[ai].1.clone(),
+        ttl: Duration::from_millis(spec.ttl_ms),
+        response_timeout: Duration::from_millis(spec.response_timeout_ms),
+        retry_window: Duration::from_millis(spec.retry_window_ms),
+        acquire_timeout: Duration::from_millis(spec.acquire_timeout_ms),
+        label: format!("torture-w{}-{}-g{group}", spec.worker, alg.name()),
+    };
+    let mut client = Err(String::new());
+    for _ in 0..10 {
+        client = alg.connect(&env).await;
+        if client.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let client = match client {
+        Ok(c) => {
+            let _ = ready.send(Ok(()));
+            c
+        }
+        Err(e) => {
+            let _ = ready.send(Err(format!("{} cannot connect: {e}", alg.name())));
+            return;
+        }
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let rng = Rng::new(spec.seed).fork(((ai as u64) << 16) | group as u64);
+    for task in 0..spec.tasks {
+        tasks.spawn(client_task(
+            shared.clone(),
+            client.clone(),
+            ai,
+            group,
+            task,
+            rng.fork(task as u64),
+        ));
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined {
+            let _ = shared
+                .out
+                .send(json!({"t": "fatal", "m": format!("client task failed: {e}")}).to_string());
+        }
+    }
+}
+
+/// Whether the holder may still act, by what the lock told it.
+fn still_held(held: &dyn Held) -> bool {
+    held.lease().is_none_or(|l| l.is_held())
+}
+
+/// Until when the holder's lease is valid, on the shared clock (0: no lease).
+fn valid_until_ns(held: &dyn Held) -> u64 {
+    held.lease().map_or(0, |l| instant_ns(l.valid_until()))
+}
+
+fn reason_name(reason: LostReason) -> Option<&'static str> {
+    match reason {
+        LostReason::Released => None,
+        LostReason::Gone => Some("gone"),
+        LostReason::Expired => Some("expired"),
+        _ => Some("other"),
+    }
+}
+
+async fn client_task(
+    shared: Arc<Shared>,
+    lock: Arc<dyn LockClient>,
+    ai: usize,
+    group: usize,
+    task: usize,
+    mut rng: Rng,
+) {
+    let spec = &shared.spec;
+    let fatal = |m: String| {
+        let _ = shared.out.send(json!({"t": "fatal", "m": m}).to_string());
+        shared.stop.send_replace(true);
+    };
+    let mut res = match ResourceConn::connect(&spec.resource, ai).await {
+        Ok(r) => r,
+        Err(e) => return fatal(format!("cannot reach the resource: {e}")),
+    };
+    let mut stop = shared.stop.subscribe();
+    let mut seq: u32 = 0;
+    while !*stop.borrow() {
+        seq += 1;
+        let cs = cs_id(spec.worker, ai, group, task, seq);
+        let start_ns = mono_ns();
+        let acquired = tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => break,
+            r = lock.acquire() => r,
+        };
+        let held = match acquired {
+            Ok(held) => held,
+            Err(e) => {
+                let (kind, msg) = match e {
+                    AcquireError::Timeout => ("timeout", None),
+                    AcquireError::Unavailable(m) => ("unavailable", Some(m)),
+                    AcquireError::Other(m) => ("other", Some(m)),
+                };
+                let _ = shared
+                    .out
+                    .send(json!({"t": "acq", "a": ai, "k": kind, "m": msg}).to_string());
+                if kind != "timeout" {
+                    tokio::time::sleep(rng.between(Duration::from_millis(20), Duration::from_millis(100)))
+                        .await;
+                }
+                continue;
+            }
+        };
+        let acquired_ns = mono_ns();
+        let fence = held.fence();
+        let held_lease = held.lease().is_some();
+        let watcher = held.lease().cloned().map(|lease| {
+            shared.observer.spawn(async move {
+                let reason = lease.lost().await;
+                (reason, mono_ns())
+            })
+        });
+
+        let mut report = Map::new();
+        let outcome = 'cs: {
+            if !still_held(&*held) {
+                break 'cs "abandoned";
+            }
+            let value = match res.read(cs, fence, valid_until_ns(&*held)).await {
+                Ok(Reply::Accepted { value }) => value,
+                Ok(Reply::Stale { at_ns }) => {
+                    report.insert("rej".into(), at_ns.into());
+                    break 'cs "fenced";
+                }
+                Err(e) => {
+                    fatal(format!("resource read failed: {e}"));
+                    break 'cs "io";
+                }
+            };
+            // The work between the read and the write; now and then a long one, that
+            // needs its lease renewed.
+            let work = if rng.below(1000) < spec.long_work_per_mille {
+                rng.scaled(Duration::from_millis(spec.ttl_ms), 0.3, 0.7)
+            } else {
+                Duration::from_micros(rng.below(spec.work_max_us + 1))
+            };
+            tokio::time::sleep(work).await;
+            if !still_held(&*held) {
+                break 'cs "abandoned";
+            }
+            // client-pause: the holder checked its lease a moment ago and now stalls, its
+            // whole client frozen, before the write — Kleppmann's scenario.
+            let fresh = mono_ns() - acquired_ns < spec.ttl_ms * 200_000;
+            let pending = shared.pauses[ai].load(Ordering::Acquire);
+            let stall = if pending != 0 && (fresh || pending & FRESH == 0) {
+                shared.pauses[ai]
+                    .compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .map_or(0, |p| p & !FRESH)
+            } else {
+                0
+            };
+            if stall > 0 {
+                report.insert("stall".into(), stall.into());
+                report.insert("stall_ns".into(), mono_ns().into());
+                // Tell the coordinator, which may be waiting to restart Redis meanwhile.
+                let _ = shared.out.send(json!({"t": "stall", "a": ai}).to_string());
+                std::thread::sleep(Duration::from_millis(stall));
+            }
+            match res.write(cs, fence, value + 1, valid_until_ns(&*held)).await {
+                Ok(Reply::Accepted { .. }) => "ok",
+                Ok(Reply::Stale { at_ns }) => {
+                    report.insert("rej".into(), at_ns.into());
+                    "fenced"
+                }
+                Err(e) => {
+                    fatal(format!("resource write failed: {e}"));
+                    "io"
+                }
+            }
+        };
+        let release = held.release().await;
+        if let Some(watcher) = watcher
+            && let Ok(Ok((reason, at))) = tokio::time::timeout(Duration::from_secs(10), watcher).await
+            && let Some(name) = reason_name(reason)
+        {
+            report.insert("lost".into(), name.into());
+            report.insert("lost_ns".into(), at.into());
+        }
+        if held_lease {
+            report.insert("l".into(), true.into());
+        }
+        report.insert("t".into(), "cs".into());
+        report.insert("a".into(), ai.into());
+        report.insert("cs".into(), cs.into());
+        report.insert("o".into(), outcome.into());
+        report.insert("start".into(), start_ns.into());
+        report.insert("got".into(), acquired_ns.into());
+        report.insert("rel".into(), release.name().into());
+        let _ = shared.out.send(Value::Object(report).to_string());
+        if outcome == "io" {
+            break;
+        }
+    }
+}
