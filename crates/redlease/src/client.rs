@@ -33,6 +33,8 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) struct ClientInner {
     pub conn: Arc<dyn CommandConnection>,
     pub notifier: Notifier,
+    /// In-process queues of the plain mutexes, by lock key.
+    pub locals: crate::local::Registry<crate::mutex::HandedLock>,
     pub renewer: Renewer,
     pub prefix: String,
     pub label: Arc<str>,
@@ -649,6 +651,7 @@ impl ClientBuilder {
         };
         let inner = ClientInner {
             notifier,
+            locals: Default::default(),
             renewer: Renewer::spawn(conn.clone(), batching),
             conn,
             prefix: self.prefix,

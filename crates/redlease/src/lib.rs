@@ -112,6 +112,7 @@ mod held;
 mod keys;
 mod lease;
 mod legacy;
+mod local;
 mod mutex;
 mod notify;
 pub mod optimistic;

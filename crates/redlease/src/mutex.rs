@@ -9,8 +9,11 @@ use crate::client::{ClientInner, LeaseOptions};
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::lease::{Lease, LeaseShared, LostReason, ScriptCall};
+use crate::local::{Entry, Handed, LocalLock, Turn, Waiter};
 use crate::replicas::{OnShortfall, eval_acked};
-use crate::scripts::{MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_RELEASE, MUTEX_STATUS, array, int, opt_string};
+use crate::scripts::{
+    MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_HANDOFF, MUTEX_RELEASE, MUTEX_STATUS, array, int, opt_string,
+};
 use crate::token::{FencingToken, Token};
 use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying, spawn_release};
 
@@ -51,6 +54,8 @@ struct MutexShared {
     options: LeaseOptions,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
+    /// This client's local queue for the lock (shared by every handle of it).
+    local: Arc<LocalLock<HandedLock>>,
 }
 
 impl MutexShared {
@@ -85,10 +90,12 @@ impl Mutex {
     pub(crate) fn new(client: Arc<ClientInner>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&client.prefix, name)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        let key: Arc<str> = keys.key.as_str().into();
         Ok(Mutex {
             shared: Arc::new(MutexShared {
                 channel: keys.aux("wake").into(),
-                keys: Arc::new([keys.key.as_str().into(), keys.aux("meta").into()]),
+                local: client.locals.get(&key),
+                keys: Arc::new([key, keys.aux("meta").into()]),
                 name: name.into(),
                 client,
                 options,
@@ -169,6 +176,67 @@ impl Mutex {
     async fn acquire(&self, wait: Option<Option<Instant>>) -> Result<MutexGuard> {
         let s = &*self.shared;
         let token = Token::generate();
+        // Tasks of this client queue locally behind the local holder; one at a time
+        // goes to Redis.
+        let turn = match s.local.enter(&token, wait.is_none()) {
+            None => {
+                // Held (or being acquired) by a task of this client: no need to try, but
+                // tell the caller how long the lease has left.
+                let mut pttl = redis::cmd("PTTL");
+                pttl.arg(s.key());
+                let remaining = s.client.conn.send(&pttl).await.ok().and_then(|v| ms(int(&v)));
+                return Err(Error::Contended {
+                    name: s.name.to_string(),
+                    remaining,
+                });
+            }
+            Some(Entry::Representative(turn)) => turn,
+            Some(Entry::Queued(id, rx)) => match self.wait_locally(id, rx, wait.flatten()).await? {
+                Handed::Lock(handed) => {
+                    tracing::debug!(lock = %s.name, fence = handed.fence, "lock handed over locally");
+                    return Ok(handed.into_guard());
+                }
+                Handed::Turn(turn) => turn,
+            },
+        };
+        let mut guard = self.acquire_through_redis(token, wait).await?;
+        s.local.acquired_through_redis();
+        guard.turn = Some(turn);
+        Ok(guard)
+    }
+
+    /// Waits behind the local holder for a hand-over or the turn to go to Redis.
+    async fn wait_locally(
+        &self,
+        id: u64,
+        mut rx: tokio::sync::oneshot::Receiver<Handed<HandedLock>>,
+        deadline: Option<Instant>,
+    ) -> Result<Handed<HandedLock>> {
+        let started = Instant::now();
+        let got = match deadline {
+            None => (&mut rx).await.ok(),
+            Some(d) => tokio::time::timeout_at(d, &mut rx)
+                .await
+                .ok()
+                .and_then(Result::ok),
+        };
+        match got {
+            Some(handed) => Ok(handed),
+            None => {
+                // Gave up: leave the queue. Whatever was sent meanwhile is dropped with
+                // `rx`, which passes it on (a turn) or releases it (a handed lock).
+                self.shared.local.leave(id);
+                Err(Error::Timeout {
+                    name: self.shared.name.to_string(),
+                    waited: started.elapsed(),
+                })
+            }
+        }
+    }
+
+    /// Acquires through Redis with `token` (as this client's representative).
+    async fn acquire_through_redis(&self, token: Token, wait: Option<Option<Instant>>) -> Result<MutexGuard> {
+        let s = &*self.shared;
         let cmd = MUTEX_ACQUIRE.evalsha(
             &s.keys,
             &[
@@ -294,6 +362,7 @@ impl Mutex {
             token: Some(token),
             fence: FencingToken::new(fence),
             lease,
+            turn: None,
         })
     }
 
@@ -317,6 +386,141 @@ impl Mutex {
             s.client.renewer.schedule(&shared);
         }
         Lease { shared }
+    }
+
+    /// Ends a holding: hands the lock to the next local waiter when there is one (within
+    /// the hand-over budget), else releases it through Redis and passes this client's
+    /// turn on.
+    async fn finish(
+        &self,
+        token: Token,
+        lease: &Arc<LeaseShared>,
+        valid_until: Instant,
+        turn: Option<Turn>,
+    ) -> Result<()> {
+        let s = &*self.shared;
+        // A hand-over skips the replica acknowledgement of an acquire, so locks with
+        // a replica policy always go through Redis.
+        if s.options.replica_ack.is_none()
+            && let Some(turn) = turn
+        {
+            let Some(waiter) = s.local.next_for_handoff() else {
+                let released = self.release_through_redis(&token, lease, valid_until).await;
+                drop(turn);
+                return released;
+            };
+            let popped = Popped {
+                waiter: Some(waiter),
+                turn: Some(turn),
+                mutex: self.clone(),
+            };
+            return self.hand_over(&token, lease, popped).await;
+        }
+        let released = self.release_through_redis(&token, lease, valid_until).await;
+        drop(turn);
+        released
+    }
+
+    /// Moves the lock from `token` to the picked local waiter in one script.
+    async fn hand_over(&self, token: &Token, lease: &Arc<LeaseShared>, popped: Popped) -> Result<()> {
+        let s = &*self.shared;
+        let cmd = MUTEX_HANDOFF.evalsha(
+            &s.keys,
+            &[
+                token.expose(),
+                popped.token().expose(),
+                &s.ttl_arg,
+                &s.client.label,
+                &s.client.retention_arg,
+            ],
+            None,
+        );
+        // If this future is dropped or fails before Redis answers, our own token is
+        // compare-and-deleted in the background (a no-op if the hand-over landed), and
+        // `popped` gives the waiter the turn.
+        let pending = Pending::new(s.client.clone(), &s.name, lease.release.clone(), lease.ttl());
+        pending.arm();
+        let sent = Instant::now();
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            s.key(),
+            "hand over",
+            &MUTEX_HANDOFF,
+            &cmd,
+            None,
+            Some(&pending),
+        )
+        .await?;
+        pending.disarm();
+        let handed = match (int(&reply), array(&reply).unwrap_or_default()) {
+            (Some(fence), _) if fence > 0 => Some((fence as u64, s.options.ttl)),
+            (_, [flag, fence, pttl]) if int(flag) == Some(1) => {
+                let fence = int(fence).ok_or_else(|| bad_reply(s, "hand over"))? as u64;
+                Some((fence, ms(int(pttl)).unwrap_or(s.options.ttl)))
+            }
+            (Some(0), _) => None,
+            _ => return Err(bad_reply(s, "hand over")),
+        };
+        match handed {
+            Some((fence, remaining)) => {
+                tracing::debug!(lock = %s.name, fence, "lock handed to a local waiter");
+                popped.hand_over(fence, sent, remaining);
+                Ok(())
+            }
+            // Our lease was already gone: the waiter gets the turn and competes in Redis.
+            None => Err(Error::NotHeld {
+                name: s.name.to_string(),
+            }),
+        }
+    }
+
+    /// Releases through Redis (compare-and-delete and a wake-up).
+    async fn release_through_redis(
+        &self,
+        token: &Token,
+        lease: &Arc<LeaseShared>,
+        valid_until: Instant,
+    ) -> Result<()> {
+        let s = &*self.shared;
+        let call = lease.release.clone();
+        debug_assert_eq!(call.args[0], token.shared());
+        // Until Redis answers, a cancelled or failed release must still happen.
+        let pending = Pending::new(s.client.clone(), &s.name, call.clone(), lease.ttl());
+        pending.arm();
+        let sent = Instant::now();
+        let reply = eval_retrying(
+            &s.client,
+            &s.name,
+            s.key(),
+            "release",
+            call.script,
+            &call.cmd(),
+            None,
+            Some(&pending),
+        )
+        .await?;
+        let answered = Instant::now();
+        let doubted = pending.doubted();
+        pending.disarm();
+        match int(&reply) {
+            Some(1) => {
+                tracing::debug!(lock = %s.name, "lock released");
+                Ok(())
+            }
+            // Free, and we were its last holder: if an earlier attempt of this release
+            // may have landed while the lease was still valid, that attempt released it.
+            Some(-1) if doubted && sent < valid_until => Ok(()),
+            // Held by another token, or free after another holder: if an earlier attempt
+            // may have landed and this answer came back while our lease was still valid,
+            // our key cannot have expired on the server before this retry ran. As long as
+            // Redis kept its writes, that earlier attempt deleted it — and its wake-up
+            // let the next holder in before the retry arrived.
+            Some(0 | -2) if doubted && answered < valid_until => Ok(()),
+            _ => Err(Error::NotHeld {
+                name: s.name.to_string(),
+            }),
+        }
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
@@ -548,6 +752,8 @@ pub struct MutexGuard {
     token: Option<Token>,
     fence: FencingToken,
     lease: Lease,
+    /// This client's turn: passed on (or the lock handed over) when the guard goes.
+    turn: Option<Turn>,
 }
 
 impl MutexGuard {
@@ -663,56 +869,23 @@ impl MutexGuard {
     /// have overlapped another holder's; Redis errors (the release is then retried in
     /// the background until the lease would have expired).
     pub async fn release(mut self) -> Result<()> {
-        self.token
+        let token = self
+            .token
             .take()
             .expect("token present until the guard is consumed");
-        let shared = self.lease.shared.clone();
-        let valid_until = shared.valid_until();
-        shared.end(LostReason::Released);
-        let s = self.mutex.shared.clone();
-        let call = shared.release.clone();
-        // Until Redis answers, a cancelled or failed release must still happen.
-        let pending = Pending::new(s.client.clone(), &s.name, call.clone(), shared.ttl());
-        pending.arm();
-        let sent = Instant::now();
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "release",
-            call.script,
-            &call.cmd(),
-            None,
-            Some(&pending),
-        )
-        .await?;
-        let answered = Instant::now();
-        let doubted = pending.doubted();
-        pending.disarm();
-        match int(&reply) {
-            Some(1) => {
-                tracing::debug!(lock = %s.name, fence = %self.fence, "lock released");
-                Ok(())
-            }
-            // Free, and we were its last holder: if an earlier attempt of this release
-            // may have landed while the lease was still valid, that attempt released it.
-            Some(-1) if doubted && sent < valid_until => Ok(()),
-            // Held by another token, or free after another holder: if an earlier attempt
-            // may have landed and this answer came back while our lease was still valid,
-            // our key cannot have expired on the server before this retry ran. As long as
-            // Redis kept its writes, that earlier attempt deleted it — and its wake-up
-            // let the next holder in before the retry arrived.
-            Some(0 | -2) if doubted && answered < valid_until => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+        let lease = self.lease.shared.clone();
+        let valid_until = lease.valid_until();
+        lease.end(LostReason::Released);
+        let turn = self.turn.take();
+        self.mutex.finish(token, &lease, valid_until, turn).await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the lock stays held
     /// until its lease runs out or someone releases it with the returned token.
     pub fn forget(mut self) -> Token {
         self.lease.shared.end(LostReason::Released);
+        // Local waiters get their turn: they will find the lock held until it expires.
+        drop(self.turn.take());
         self.token
             .take()
             .expect("token present until the guard is consumed")
@@ -721,16 +894,113 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        if self.token.take().is_some() {
-            let lease = &self.lease.shared;
+        if let Some(token) = self.token.take() {
+            let lease = self.lease.shared.clone();
+            let valid_until = lease.valid_until();
             lease.end(LostReason::Released);
-            let s = &self.mutex.shared;
-            spawn_release(
-                s.client.clone(),
-                s.name.clone(),
-                lease.release.clone(),
-                lease.ttl(),
-            );
+            let turn = self.turn.take();
+            let mutex = self.mutex.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        let _ = mutex.finish(token, &lease, valid_until, turn).await;
+                    });
+                }
+                Err(_) => {
+                    tracing::debug!(lock = %mutex.name(), "no runtime to release in; the lease will expire");
+                    drop(turn);
+                }
+            }
+        }
+    }
+}
+
+/// A lock handed over by a local holder, on its way to the waiter it was moved to.
+/// Dropped unclaimed (the waiter has gone), it becomes a guard and is dropped: released,
+/// or handed on to the next local waiter.
+pub(crate) struct HandedLock {
+    mutex: Mutex,
+    token: Token,
+    fence: u64,
+    sent: Instant,
+    remaining: Duration,
+    turn: Option<Turn>,
+}
+
+impl HandedLock {
+    fn into_guard(mut self) -> MutexGuard {
+        let turn = self.turn.take();
+        MutexGuard {
+            lease: self.mutex.new_lease(&self.token, self.sent, self.remaining),
+            mutex: self.mutex.clone(),
+            token: Some(self.token.clone()),
+            fence: FencingToken::new(self.fence),
+            turn,
+        }
+    }
+}
+
+impl Drop for HandedLock {
+    fn drop(&mut self) {
+        if let Some(turn) = self.turn.take() {
+            let guard = HandedLock {
+                mutex: self.mutex.clone(),
+                token: self.token.clone(),
+                fence: self.fence,
+                sent: self.sent,
+                remaining: self.remaining,
+                turn: Some(turn),
+            }
+            .into_guard();
+            drop(guard);
+        }
+    }
+}
+
+/// A local waiter picked for a hand-over that is under way. If the hand-over does not
+/// complete (the script failed, or the releasing future was dropped), the waiter gets
+/// the turn instead and acquires through Redis with its own token — which also
+/// recognises a hand-over that did land. If the waiter has gone too, a hand-over that
+/// may have landed on its token is compare-and-deleted.
+struct Popped {
+    waiter: Option<Waiter<HandedLock>>,
+    turn: Option<Turn>,
+    mutex: Mutex,
+}
+
+impl Popped {
+    fn token(&self) -> &Token {
+        &self.waiter.as_ref().expect("present until consumed").token
+    }
+
+    fn hand_over(mut self, fence: u64, sent: Instant, remaining: Duration) {
+        let waiter = self.waiter.take().expect("present until consumed");
+        let handed = HandedLock {
+            mutex: self.mutex.clone(),
+            token: waiter.token.clone(),
+            fence,
+            sent,
+            remaining,
+            turn: self.turn.take(),
+        };
+        // A waiter that has gone drops the value it is given back: released.
+        let _ = waiter.send(Handed::Lock(handed));
+    }
+}
+
+impl Drop for Popped {
+    fn drop(&mut self) {
+        if let (Some(waiter), Some(turn)) = (self.waiter.take(), self.turn.take()) {
+            let token = waiter.token.clone();
+            if waiter.send(Handed::Turn(turn)).is_err() {
+                let s = &self.mutex.shared;
+                spawn_release(
+                    s.client.clone(),
+                    s.name.clone(),
+                    self.mutex.release_call(&token),
+                    s.options.ttl,
+                );
+            }
         }
     }
 }

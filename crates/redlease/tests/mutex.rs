@@ -429,24 +429,28 @@ async fn a_waiter_is_woken_by_release_not_by_polling() {
     assert!(p99 < Duration::from_millis(500), "handoff p99 {p99:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_waiters_in_one_process_share_one_subscription() {
+/// Tasks of one client queue locally, in arrival order, behind one representative that
+/// waits in Redis (one subscription for all of them); each release hands the lock to
+/// the next local task. A current-thread runtime makes the arrival order exact.
+#[tokio::test(flavor = "current_thread")]
+async fn many_waiters_in_one_process_queue_in_order_behind_one_subscription() {
     let server = server();
+    let holder_client = client(&server.url()).await;
     let client = client(&server.url()).await;
     let mutex = client.mutex("crowd").unwrap();
     let mut conn = raw(&server).await;
-    let holder = mutex.lock().await.unwrap();
+    let holder = holder_client.mutex("crowd").unwrap().lock().await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..50 {
         let (mutex, order) = (mutex.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
             let g = mutex.lock().await.unwrap();
-            order.lock().unwrap().push(i);
+            order.lock().unwrap().push((i, g.fence()));
             g.release().await.unwrap();
         }));
     }
-    eventually(5.0, "the waiters subscribe", || {
+    eventually(5.0, "the representative subscribes", || {
         let mut conn = conn.clone();
         async move {
             let subs: Vec<(String, i64)> = redis::cmd("PUBSUB")
@@ -461,13 +465,24 @@ async fn many_waiters_in_one_process_share_one_subscription() {
     .await;
     let status = mutex.status().await.unwrap();
     assert_eq!(status.waiters, 1, "one subscription for 50 local waiters");
+    let before = client.stats();
     holder.release().await.unwrap();
     for t in tasks {
         within(20.0, "every waiter gets the lock in turn", t)
             .await
             .unwrap();
     }
-    assert_eq!(order.lock().unwrap().len(), 50);
+    let order = order.lock().unwrap().clone();
+    let arrival: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(arrival, (0..50).collect::<Vec<_>>(), "served in arrival order");
+    assert!(
+        order.windows(2).all(|w| w[0].1 < w[1].1),
+        "every hand-over issued a higher fencing token"
+    );
+    assert_eq!(
+        client.stats().leases_lost_by_renewal,
+        before.leases_lost_by_renewal
+    );
     let status = mutex.status().await.unwrap();
     assert!(!status.held);
     eventually(2.0, "the subscription is dropped with the last waiter", || {

@@ -104,6 +104,7 @@ script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
 script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
+script!(MUTEX_HANDOFF, "mutex_handoff", fenced);
 script!(CAS, "cas");
 script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
 script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
@@ -137,6 +138,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &MUTEX_EXTEND,
         &MUTEX_RELEASE,
         &MUTEX_STATUS,
+        &MUTEX_HANDOFF,
         &CAS,
         &LEGACY_ACQUIRE,
         &LEGACY_RENEW,
