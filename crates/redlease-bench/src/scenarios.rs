@@ -300,7 +300,7 @@ pub async fn handoff(url: &str, contenders: &[Contender], plan: Plan, rtt_us: f6
                 });
                 ready_rx.await.expect("waiter started");
                 // Give the waiter time to make its first attempt and start waiting.
-                tokio::time::sleep(Duration::from_millis(15)).await;
+                tokio::time::sleep(HANDOFF_IDLE).await;
                 let released = Instant::now();
                 holder.unlock(held).await;
                 let acquired = task.await.expect("waiter");
@@ -314,12 +314,19 @@ pub async fn handoff(url: &str, contenders: &[Contender], plan: Plan, rtt_us: f6
             out.record(c, percentile(&samples, 0.5));
         }
     }
+    // A hand-over starts after the holder slept (as every waiter did): on an idle
+    // machine the first round trip after a sleep pays for waking the client and the
+    // server up. Measure that round trip the same way, so the ratio can be read both
+    // against a busy loop's round trip and against this one.
+    let idle_rtt_us = idle_round_trip_us(url, per_round.max(50), HANDOFF_IDLE).await;
     for c in contenders {
         if let Some(samples) = out.samples.get_mut(c.name()) {
             samples.sort_by(f64::total_cmp);
             let (p50, p99) = (percentile(samples, 0.5), percentile(samples, 0.99));
             out.metric("p99_us", *c, p99);
             out.metric("p50_over_loopback_rtt", *c, p50 / rtt_us);
+            out.metric("p50_over_idle_rtt", *c, p50 / idle_rtt_us);
+            out.metric("idle_rtt_us", *c, idle_rtt_us);
         }
     }
     out.finish()
@@ -351,6 +358,25 @@ pub async fn renewal(url: &str, contenders: &[Contender], plan: Plan) -> Outcome
 }
 
 /// Median round trip of a PING on loopback, in µs.
+/// How long the holder waits before releasing in `handoff-latency`.
+const HANDOFF_IDLE: Duration = Duration::from_millis(15);
+
+/// The p50 of a PING sent after `idle` of silence: the round trip as a hand-over sees it.
+async fn idle_round_trip_us(url: &str, samples: usize, idle: Duration) -> f64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let mut out = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        tokio::time::sleep(idle).await;
+        let t = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await.expect("PING");
+        out.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    out.sort_by(f64::total_cmp);
+    percentile(&out, 0.5)
+}
+
+/// The p50 of back-to-back PINGs: the loopback round trip of a busy connection.
 pub async fn loopback_rtt_us(url: &str) -> f64 {
     let client = redis::Client::open(url).expect("url");
     let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
