@@ -4,9 +4,10 @@
 //! person typing the command.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use nix::sys::signal::Signal;
 
 /// Where redlease looks for Redis when neither `--redis` nor `REDIS_URL` says otherwise.
@@ -48,9 +49,10 @@ not be run; 2 for usage errors.";
 #[command(name = "redlease", version, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// for TLS,
-    /// redis+unix:///PATH for a socket
-    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL)]
-    pub redis: String,
+    /// redis+unix:///PATH for a socket. Give it several times with --cluster (seed nodes)
+    /// or --redlock (independent masters)
+    #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL, action = ArgAction::Append)]
+    pub redis: Vec<String>,
 
     /// Key prefix: lock NAME lives at key <P><NAME> (may be empty: --prefix '')
     #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
@@ -61,8 +63,82 @@ pub struct Cli {
     #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = duration)]
     pub response_timeout: Duration,
 
+    #[command(flatten)]
+    pub topology: TopologyArgs,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Where the locks live, beyond one plain Redis.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TopologyArgs {
+    /// The --redis URLs are seed nodes of a Redis Cluster
+    #[arg(long, global = true, help_heading = "Topology and security", conflicts_with_all = ["redlock", "sentinel"])]
+    pub cluster: bool,
+
+    /// Redlock: the --redis URLs (at least 3) are independent masters; a lock is held
+    /// while a majority holds it (no fencing token; `run` only)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Topology and security",
+        conflicts_with = "sentinel"
+    )]
+    pub redlock: bool,
+
+    /// Find the master through these sentinels (give it once per sentinel; needs --master)
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "URL", action = ArgAction::Append, requires = "master")]
+    pub sentinel: Vec<String>,
+
+    /// The name the sentinels know the master by
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Topology and security",
+        value_name = "NAME",
+        requires = "sentinel"
+    )]
+    pub master: Option<String>,
+
+    /// Trust this CA certificate (PEM) for rediss:// instead of the system's roots
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Topology and security",
+        value_name = "FILE"
+    )]
+    pub tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for servers with tls-auth-clients (needs --tls-key)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Topology and security",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The client certificate's private key (PEM)
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Topology and security",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+
+    /// After each acquire (and extend) of a plain lock, wait until K replicas have the
+    /// write (Redis WAIT); if fewer confirm within --replica-timeout, release and fail
+    /// with status 69
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub wait_replicas: Option<u32>,
+
+    /// How long --wait-replicas waits for the replicas
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = duration, requires = "wait_replicas")]
+    pub replica_timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -92,6 +168,14 @@ pub enum Command {
     ///
     /// Exit status 0 whether or not the lock is held (see `held` in --json).
     Status(StatusArgs),
+
+    /// A semaphore: run CMD holding one of N permits, or show its permits
+    #[command(subcommand)]
+    Semaphore(SemaphoreCommand),
+
+    /// A read-write lock: run CMD as a reader or the writer, or show its holders
+    #[command(subcommand)]
+    Rwlock(RwlockCommand),
 
     /// Watch the lock at work: workers contend on one lock guarding a shared counter
     ///
@@ -125,12 +209,9 @@ pub struct WaitArgs {
     pub no_wait: bool,
 }
 
+/// What every `run` shares: the lease, the wait, and CMD's supervision.
 #[derive(Debug, Args)]
-pub struct RunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
-
+pub struct ChildArgs {
     /// Lease length: renewed every third of it while CMD runs; if redlease dies, the lock
     /// frees itself this long after the last renewal
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl)]
@@ -150,6 +231,130 @@ pub struct RunArgs {
     /// The command to run, and its arguments (after `--`)
     #[arg(value_name = "CMD", required = true, last = true)]
     pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Take the lock in arrival order (a FIFO queue across all clients)
+    #[arg(long, conflicts_with = "legacy")]
+    pub fair: bool,
+
+    /// Interop with old clients that lock with `SETNX key <unix time + timeout + 1>` and
+    /// take over stale locks with GETSET. Weaker: no fencing token (REDLEASE_FENCE is
+    /// not set), and old clients' clocks must agree. --ttl is the timeout written
+    #[arg(long)]
+    pub legacy: bool,
+
+    /// The unit of the timestamp a --legacy lock stores
+    #[arg(long, value_name = "UNIT", default_value = "s", requires = "legacy")]
+    pub legacy_unit: LegacyUnit,
+
+    #[command(flatten)]
+    pub child: ChildArgs,
+}
+
+/// The unit of a legacy lock's timestamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LegacyUnit {
+    /// Unix seconds (as the seed articles write it)
+    S,
+    /// Unix milliseconds
+    Ms,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SemaphoreCommand {
+    /// Run CMD while holding permits of semaphore NAME (at most --permits holders at once)
+    ///
+    /// CMD gets REDLEASE_NAME, REDLEASE_KEY and REDLEASE_PERMITS (how many it holds); a
+    /// semaphore has no fencing token. Exit statuses as for `redlease run`.
+    #[command(after_help = RUN_HELP)]
+    Run(SemaphoreRunArgs),
+
+    /// Show the permits of semaphore NAME: the limit, how many are in use, waiters
+    Status(SemaphoreStatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SemaphoreRunArgs {
+    /// The semaphore's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// How many permits the semaphore has; every user of NAME must pass the same number
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
+    pub permits: u32,
+
+    /// How many permits this command takes (all at once or none)
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS_PER_ACQUIRE)))]
+    pub count: u32,
+
+    #[command(flatten)]
+    pub child: ChildArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct SemaphoreStatusArgs {
+    /// The semaphore's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// The limit to report when no permit is held (while permits are held, the stored
+    /// limit is shown)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
+    pub permits: u32,
+
+    /// Print one JSON object: name, key, limit, in_use, available, next_lapse_ms, waiters
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RwlockCommand {
+    /// Run CMD as a reader (shared) or the writer (exclusive) of read-write lock NAME
+    ///
+    /// Writer-preferring: a waiting writer keeps new readers out. The writer's CMD gets
+    /// REDLEASE_FENCE; readers get none. Exit statuses as for `redlease run`.
+    #[command(after_help = RUN_HELP)]
+    Run(RwlockRunArgs),
+
+    /// Show the readers, the writer and the waiting writers of read-write lock NAME
+    Status(RwlockStatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RwlockStatusArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Print one JSON object: name, key, write_held, writer, ttl_ms, fence, last_fence,
+    /// since_ms, readers, waiting_writers
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("mode").required(true).args(["read", "write"])))]
+pub struct RwlockRunArgs {
+    /// The lock's name (the key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Take a read (shared) share
+    #[arg(long)]
+    pub read: bool,
+
+    /// Take the write (exclusive) lock
+    #[arg(long)]
+    pub write: bool,
+
+    #[command(flatten)]
+    pub child: ChildArgs,
 }
 
 #[derive(Debug, Args)]
@@ -203,9 +408,14 @@ pub struct StatusArgs {
     pub name: String,
 
     /// Print one JSON object: name, key, held, owner, ttl_ms, fence, last_fence,
-    /// since_ms, waiters
+    /// since_ms, waiters (with --fair: waiters is the queue length, and queue lists the
+    /// waiters' owner labels in serving order)
     #[arg(long)]
     pub json: bool,
+
+    /// A lock taken with `run --fair`: also show its queue, in serving order
+    #[arg(long)]
+    pub fair: bool,
 }
 
 #[derive(Debug, Args)]
@@ -279,7 +489,23 @@ fn signal(s: &str) -> Result<Signal, String> {
     full.parse::<Signal>().map_err(|_| bad())
 }
 
+/// How an acquire waits, from `--wait` / `--no-wait`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    Now,
+    Within(Duration),
+    Forever,
+}
+
 impl WaitArgs {
+    pub fn how(&self) -> How {
+        match (self.no_wait, self.wait) {
+            (true, _) => How::Now,
+            (false, Some(limit)) => How::Within(limit),
+            (false, None) => How::Forever,
+        }
+    }
+
     /// A description of the wait, for messages.
     pub fn describe(&self) -> String {
         match (self.no_wait, self.wait) {
@@ -344,8 +570,8 @@ mod tests {
         let Command::Run(run) = ok.command else {
             panic!("not run")
         };
-        assert_eq!(run.command, ["echo", "-n", "hi"]);
-        assert_eq!(run.ttl, Duration::from_secs(30));
+        assert_eq!(run.child.command, ["echo", "-n", "hi"]);
+        assert_eq!(run.child.ttl, Duration::from_secs(30));
         assert!(Cli::try_parse_from(["redlease", "run", "x", "echo"]).is_err());
         assert!(Cli::try_parse_from(["redlease", "run", "x", "--"]).is_err());
         assert!(
@@ -383,7 +609,7 @@ mod tests {
                 "{args:?}"
             );
             let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap();
-            assert_eq!(cli.redis, "redis://h:1");
+            assert_eq!(cli.redis, ["redis://h:1"]);
         }
     }
 

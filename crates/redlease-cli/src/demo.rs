@@ -73,11 +73,13 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let (server, url, shown_url) = choose_server(global).await?;
     let target = Global {
+        urls: vec![url.clone()],
         url: url.clone(),
         shown_url: shown_url.clone(),
         url_given: true,
         prefix: global.prefix.clone(),
         response_timeout: global.response_timeout,
+        topology: Default::default(),
     };
     let lock_name = format!("demo-{}", std::process::id());
     // The counter lives in the lock key's hash slot, under the same prefix.

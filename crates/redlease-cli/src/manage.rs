@@ -1,17 +1,21 @@
 //! `acquire`, `release`, `extend` and `status`: managing a lock by hand, across
 //! processes, with the token as the proof of ownership.
 
+use std::future::Future;
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redlease::{LeaseOptions, Mutex, MutexGuard};
+use redlease::{Mutex, MutexGuard};
 use serde_json::json;
 
-use crate::cli::{AcquireArgs, ExtendArgs, ReleaseArgs, StatusArgs, WaitArgs, signal_status};
+use crate::cli::{
+    AcquireArgs, ExtendArgs, How, ReleaseArgs, RwlockStatusArgs, SemaphoreStatusArgs, StatusArgs, WaitArgs,
+    signal_status,
+};
 use crate::exit::{self, Failure};
 use crate::signals::Signals;
-use crate::{Global, connect};
+use crate::{Global, connect, lease_options};
 
 /// Takes the lock as `wait` says; a signal to redlease cancels the wait.
 ///
@@ -25,30 +29,41 @@ pub async fn acquire_lock(
     global: &Global,
 ) -> Result<MutexGuard, Failure> {
     let attempt = async {
-        match (wait.no_wait, wait.wait) {
-            (true, _) => mutex.try_lock().await,
-            (false, Some(limit)) => mutex.lock_timeout(limit).await,
-            (false, None) => mutex.lock().await,
+        match wait.how() {
+            How::Now => mutex.try_lock().await,
+            How::Within(limit) => mutex.lock_timeout(limit).await,
+            How::Forever => mutex.lock().await,
         }
     };
+    acquire_with(mutex.name(), attempt, wait, signals, global).await
+}
+
+/// Runs an acquire `attempt` of lock `name`; a signal to redlease cancels it (every
+/// primitive's acquire leaves nothing behind when cancelled).
+pub async fn acquire_with<T>(
+    name: &str,
+    attempt: impl Future<Output = redlease::Result<T>>,
+    wait: &WaitArgs,
+    signals: &mut Signals,
+    global: &Global,
+) -> Result<T, Failure> {
     tokio::select! {
-        result = attempt => result.map_err(|e| not_acquired(e, mutex, wait, global)),
+        result = attempt => result.map_err(|e| not_acquired(e, name, wait, global)),
         received = signals.recv() => Err(Failure::new(
             signal_status(received.signal as i32),
-            format!("interrupted by {} while waiting for lock {:?}; nothing was left behind", received.signal, mutex.name()),
+            format!("interrupted by {} while waiting for lock {name:?}; nothing was left behind", received.signal),
         )),
     }
 }
 
-fn not_acquired(err: redlease::Error, mutex: &Mutex, wait: &WaitArgs, global: &Global) -> Failure {
+fn not_acquired(err: redlease::Error, name: &str, wait: &WaitArgs, global: &Global) -> Failure {
     match &err {
         redlease::Error::Contended { remaining, .. } => {
             let left = remaining.map_or(String::new(), |r| format!("; its lease ends in {}", human(r)));
             Failure::new(
                 exit::NOT_ACQUIRED,
                 format!(
-                    "lock {:?} is held by another owner{left}; not acquired {}",
-                    mutex.name(),
+                    "lock {name:?} is held by another owner{left}; not acquired {}",
                     wait.describe()
                 ),
             )
@@ -56,7 +71,7 @@ fn not_acquired(err: redlease::Error, mutex: &Mutex, wait: &WaitArgs, global: &G
         }
         redlease::Error::Timeout { .. } => Failure::new(
             exit::NOT_ACQUIRED,
-            format!("lock {:?} was not acquired {}", mutex.name(), wait.describe()),
+            format!("lock {name:?} was not acquired {}", wait.describe()),
         )
         .hint("wait longer with --wait DUR, or leave --wait out to wait as long as it takes"),
         _ => Failure::from_lock(err, &global.shown_url),
@@ -68,7 +83,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let mutex = client
-        .mutex_with(&args.name, LeaseOptions::new().ttl(args.ttl).auto_renew(false))
+        .mutex_with(&args.name, lease_options(global, args.ttl).auto_renew(false))
         .map_err(lock_err)?;
     let guard = acquire_lock(&mutex, &args.wait, &mut signals, global).await?;
     let fence = guard.fence().get();
@@ -122,55 +137,201 @@ pub async fn extend(global: &Global, args: ExtendArgs) -> Result<ExitCode, Failu
 pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let mutex = client.mutex(&args.name).map_err(lock_err)?;
-    let status = mutex.status().await.map_err(lock_err)?;
-    let millis = |d: Duration| d.as_millis() as u64;
-    let since_ms = status
-        .since
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(millis);
+    let (key, st, queue) = if args.fair {
+        let mutex = client.fair_mutex(&args.name).map_err(lock_err)?;
+        let st = mutex.status().await.map_err(lock_err)?;
+        let common = Common {
+            held: st.held,
+            owner: st.owner,
+            remaining: st.remaining,
+            fence: st.fence.map(|f| f.get()),
+            last_fence: st.last_fence.map(|f| f.get()),
+            since: st.since,
+            waiters: st.queue_len,
+        };
+        (mutex.key().to_owned(), common, Some(st.queue))
+    } else {
+        let mutex = client.mutex(&args.name).map_err(lock_err)?;
+        let st = mutex.status().await.map_err(lock_err)?;
+        let common = Common {
+            held: st.held,
+            owner: st.owner,
+            remaining: st.remaining,
+            fence: st.fence.map(|f| f.get()),
+            last_fence: st.last_fence.map(|f| f.get()),
+            since: st.since,
+            waiters: st.waiters,
+        };
+        (mutex.key().to_owned(), common, None)
+    };
+    let text = if args.json {
+        let mut object = json!({
+            "name": args.name,
+            "key": key,
+            "held": st.held,
+            "owner": st.owner,
+            "ttl_ms": st.remaining.map(millis),
+            "fence": st.fence,
+            "last_fence": st.last_fence,
+            "since_ms": st.since.and_then(unix_ms),
+            "waiters": st.waiters,
+        });
+        if let Some(queue) = &queue {
+            object["queue"] = json!(queue);
+        }
+        object.to_string()
+    } else {
+        let mut lines = vec![format!("lock:       {:?} (key {:?})", args.name, key)];
+        holder_lines(
+            &mut lines,
+            st.held,
+            st.owner.as_deref(),
+            st.remaining,
+            st.fence,
+            st.since,
+        );
+        if let Some(last) = st.last_fence {
+            lines.push(format!("last fence: {last}"));
+        }
+        match &queue {
+            Some(queue) => {
+                lines.push(format!("queue:      {} waiting", st.waiters));
+                for (i, label) in queue.iter().enumerate() {
+                    lines.push(format!("  {:>3}. {label}", i + 1));
+                }
+            }
+            None => lines.push(format!("waiters:    {}", st.waiters)),
+        }
+        lines.join("\n")
+    };
+    emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The holder's side of a mutex status, whichever kind.
+struct Common {
+    held: bool,
+    owner: Option<String>,
+    remaining: Option<Duration>,
+    fence: Option<u64>,
+    last_fence: Option<u64>,
+    since: Option<SystemTime>,
+    waiters: u64,
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn unix_ms(t: SystemTime) -> Option<u64> {
+    t.duration_since(UNIX_EPOCH).ok().map(millis)
+}
+
+/// The `held:`, `owner:`, `lease:`, `fence:` and `since:` lines of a status.
+fn holder_lines(
+    lines: &mut Vec<String>,
+    held: bool,
+    owner: Option<&str>,
+    remaining: Option<Duration>,
+    fence: Option<u64>,
+    since: Option<SystemTime>,
+) {
+    if !held {
+        lines.push("held:       no".into());
+        return;
+    }
+    let ttl = remaining.map_or("no expiry".to_owned(), |d| format!("{} left", human(d)));
+    lines.push("held:       yes".into());
+    lines.push(format!(
+        "owner:      {}",
+        owner.unwrap_or("unknown (not a redlease client)")
+    ));
+    lines.push(format!("lease:      {ttl}"));
+    if let Some(fence) = fence {
+        lines.push(format!("fence:      {fence}"));
+    }
+    if let Some(since) = since {
+        lines.push(format!(
+            "since:      {} (Redis time)",
+            humantime::format_rfc3339_millis(since)
+        ));
+    }
+}
+
+/// `redlease rwlock status NAME`.
+pub async fn rwlock_status(global: &Global, args: RwlockStatusArgs) -> Result<ExitCode, Failure> {
+    let client = connect(global).await?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let lock = client.rwlock(&args.name).map_err(lock_err)?;
+    let st = lock.status().await.map_err(lock_err)?;
     let text = if args.json {
         json!({
             "name": args.name,
-            "key": mutex.key(),
-            "held": status.held,
-            "owner": status.owner,
-            "ttl_ms": status.remaining.map(millis),
-            "fence": status.fence.map(|f| f.get()),
-            "last_fence": status.last_fence.map(|f| f.get()),
-            "since_ms": since_ms,
-            "waiters": status.waiters,
+            "key": lock.key(),
+            "write_held": st.write_held,
+            "writer": st.writer,
+            "ttl_ms": st.remaining.map(millis),
+            "fence": st.fence.map(|f| f.get()),
+            "last_fence": st.last_fence.map(|f| f.get()),
+            "since_ms": st.since.and_then(unix_ms),
+            "readers": st.readers,
+            "waiting_writers": st.waiting_writers,
         })
         .to_string()
     } else {
-        let mut lines = vec![format!("lock:       {:?} (key {:?})", args.name, mutex.key())];
-        if status.held {
-            let owner = status
-                .owner
-                .as_deref()
-                .unwrap_or("unknown (not a redlease client)");
-            let ttl = status
-                .remaining
-                .map_or("no expiry".to_owned(), |d| format!("{} left", human(d)));
-            lines.push("held:       yes".into());
-            lines.push(format!("owner:      {owner}"));
-            lines.push(format!("lease:      {ttl}"));
-            if let Some(fence) = status.fence {
-                lines.push(format!("fence:      {fence}"));
-            }
-            if let Some(since) = status.since {
-                lines.push(format!(
-                    "since:      {} (Redis time)",
-                    humantime::format_rfc3339_millis(since)
-                ));
-            }
-        } else {
-            lines.push("held:       no".into());
-        }
-        if let Some(last) = status.last_fence {
+        let mut lines = vec![format!("rwlock:     {:?} (key {:?})", args.name, lock.key())];
+        lines.push(format!("readers:    {}", st.readers));
+        let mut writer = Vec::new();
+        holder_lines(
+            &mut writer,
+            st.write_held,
+            st.writer.as_deref(),
+            st.remaining,
+            st.fence.map(|f| f.get()),
+            st.since,
+        );
+        lines.extend(
+            writer
+                .into_iter()
+                .map(|l| l.replacen("held:       ", "writer:     ", 1)),
+        );
+        if let Some(last) = st.last_fence {
             lines.push(format!("last fence: {last}"));
         }
-        lines.push(format!("waiters:    {}", status.waiters));
+        lines.push(format!("waiting writers: {}", st.waiting_writers));
+        lines.join("\n")
+    };
+    emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `redlease semaphore status NAME`.
+pub async fn semaphore_status(global: &Global, args: SemaphoreStatusArgs) -> Result<ExitCode, Failure> {
+    let client = connect(global).await?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let sem = client.semaphore(&args.name, args.permits).map_err(lock_err)?;
+    let st = sem.status().await.map_err(lock_err)?;
+    let text = if args.json {
+        json!({
+            "name": args.name,
+            "key": sem.key(),
+            "limit": st.limit,
+            "in_use": st.in_use,
+            "available": st.available,
+            "next_lapse_ms": st.next_lapse.map(millis),
+            "waiters": st.waiters,
+        })
+        .to_string()
+    } else {
+        let mut lines = vec![format!("semaphore:  {:?} (key {:?})", args.name, sem.key())];
+        lines.push(format!(
+            "permits:    {} of {} in use, {} free",
+            st.in_use, st.limit, st.available
+        ));
+        if let Some(lapse) = st.next_lapse {
+            lines.push(format!("next lapse: in {} unless renewed", human(lapse)));
+        }
+        lines.push(format!("waiters:    {}", st.waiters));
         lines.join("\n")
     };
     emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;

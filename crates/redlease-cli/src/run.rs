@@ -1,9 +1,11 @@
-//! `redlease run NAME -- CMD`: run CMD while holding the lock.
+//! `redlease run NAME -- CMD` (and `semaphore run`, `rwlock run`): run CMD while holding
+//! a lock.
 //!
 //! The lease is renewed by the library for as long as CMD runs. Three things can end
 //! the run: CMD exits (release the lock, exit with CMD's status), the lease is lost
 //! (signal CMD, then kill it after the grace period; exit `LEASE_LOST`), or redlease is
-//! signalled (pass the signal on, keep holding the lock until CMD has exited).
+//! signalled (pass the signal on, keep holding the lock until CMD has exited). Every
+//! kind of lock goes through the same supervision, in `supervise`.
 
 use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
@@ -11,38 +13,212 @@ use std::process::{ExitCode, ExitStatus};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, getpgid, getpgrp};
-use redlease::{LeaseOptions, LostReason};
+use redlease::{Lease, LeaseOptions, LegacyOptions, LostReason, TimestampUnit};
 use tokio::process::Command;
 use tokio::time::{Instant, sleep_until};
 
-use crate::cli::{RunArgs, signal_status};
+use crate::cli::{ChildArgs, How, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
 use crate::exit::{self, Failure};
-use crate::manage::{acquire_lock, human};
+use crate::manage::{acquire_lock, acquire_with, human};
 use crate::signals::Signals;
-use crate::{Global, connect};
+use crate::{Global, connect, connect_redlock, lease_options};
 
+/// A held lock of any kind, as `supervise` needs it.
+enum Held {
+    Mutex(redlease::MutexGuard),
+    Fair(redlease::FairMutexGuard),
+    Legacy(redlease::LegacyGuard),
+    Redlock(redlease::RedlockGuard),
+    Permit(redlease::Permit),
+    Read(redlease::RwLockReadGuard),
+    Write(redlease::RwLockWriteGuard),
+}
+
+impl Held {
+    fn lease(&self) -> &Lease {
+        match self {
+            Held::Mutex(g) => g.lease(),
+            Held::Fair(g) => g.lease(),
+            Held::Legacy(g) => g.lease(),
+            Held::Redlock(g) => g.lease(),
+            Held::Permit(g) => g.lease(),
+            Held::Read(g) => g.lease(),
+            Held::Write(g) => g.lease(),
+        }
+    }
+
+    async fn release(self) -> redlease::Result<()> {
+        match self {
+            Held::Mutex(g) => g.release().await,
+            Held::Fair(g) => g.release().await,
+            Held::Legacy(g) => g.release().await,
+            Held::Redlock(g) => g.release().await,
+            Held::Permit(g) => g.release().await,
+            Held::Read(g) => g.release().await,
+            Held::Write(g) => g.release().await,
+        }
+    }
+}
+
+/// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
+/// sentinel-managed master or (with `--redlock`) a quorum of masters.
 pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     // Catch signals before anything is taken, so none can kill redlease mid-way.
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let c = &args.child;
+    let wait = &c.wait;
+    let name = args.name.as_str();
+    if global.topology.redlock {
+        let redlock = connect_redlock(global).await?;
+        let mutex = redlock
+            .mutex_with(name, LeaseOptions::new().ttl(c.ttl))
+            .map_err(lock_err)?;
+        let attempt = async {
+            match wait.how() {
+                How::Now => mutex.try_lock().await,
+                How::Within(limit) => mutex.lock_timeout(limit).await,
+                How::Forever => mutex.lock().await,
+            }
+        };
+        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
+        let env = vec![("REDLEASE_KEY", mutex.key().to_owned())];
+        return supervise(name, c, Held::Redlock(guard), env, &mut signals).await;
+    }
+    let client = connect(global).await?;
+    if args.legacy {
+        let unit = match args.legacy_unit {
+            LegacyUnit::S => TimestampUnit::Seconds,
+            LegacyUnit::Ms => TimestampUnit::Milliseconds,
+        };
+        let lock = client
+            .legacy_lock(name, LegacyOptions::new().timeout(c.ttl).unit(unit))
+            .map_err(lock_err)?;
+        let attempt = async {
+            match wait.how() {
+                How::Now => lock.try_lock().await,
+                How::Within(limit) => lock.lock_timeout(limit).await,
+                How::Forever => lock.lock().await,
+            }
+        };
+        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
+        let env = vec![("REDLEASE_KEY", lock.key().to_owned())];
+        return supervise(name, c, Held::Legacy(guard), env, &mut signals).await;
+    }
+    if args.fair {
+        let mutex = client
+            .fair_mutex_with(name, LeaseOptions::new().ttl(c.ttl))
+            .map_err(lock_err)?;
+        let attempt = async {
+            match wait.how() {
+                How::Now => mutex.try_lock().await,
+                How::Within(limit) => mutex.lock_timeout(limit).await,
+                How::Forever => mutex.lock().await,
+            }
+        };
+        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
+        let env = vec![
+            ("REDLEASE_KEY", mutex.key().to_owned()),
+            ("REDLEASE_FENCE", guard.fence().to_string()),
+        ];
+        return supervise(name, c, Held::Fair(guard), env, &mut signals).await;
+    }
+    let mutex = client
+        .mutex_with(name, lease_options(global, c.ttl))
+        .map_err(lock_err)?;
+    let guard = acquire_lock(&mutex, wait, &mut signals, global).await?;
+    if let Some(acked) = guard.replicas_acked() {
+        tracing_note(&format!("lock {name:?} acknowledged by {acked} replica(s)"));
+    }
+    let env = vec![
+        ("REDLEASE_KEY", mutex.key().to_owned()),
+        ("REDLEASE_FENCE", guard.fence().to_string()),
+    ];
+    supervise(name, c, Held::Mutex(guard), env, &mut signals).await
+}
+
+/// `redlease semaphore run NAME --permits N [--count K] -- CMD`.
+pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCode, Failure> {
+    let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let mutex = client
-        .mutex_with(&args.name, LeaseOptions::new().ttl(args.ttl))
+    let c = &args.child;
+    let sem = client
+        .semaphore_with(&args.name, args.permits, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
-    let guard = acquire_lock(&mutex, &args.wait, &mut signals, global).await?;
-    let fence = guard.fence();
+    let n = args.count;
+    let attempt = async {
+        match c.wait.how() {
+            How::Now => sem.try_acquire_many(n).await,
+            How::Within(limit) => sem.acquire_many_timeout(n, limit).await,
+            How::Forever => sem.acquire_many(n).await,
+        }
+    };
+    let permit = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
+    let env = vec![
+        ("REDLEASE_KEY", sem.key().to_owned()),
+        ("REDLEASE_PERMITS", n.to_string()),
+    ];
+    supervise(&args.name, c, Held::Permit(permit), env, &mut signals).await
+}
 
+/// `redlease rwlock run NAME --read|--write -- CMD`.
+pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Failure> {
+    let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
+    let client = connect(global).await?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let c = &args.child;
+    let lock = client
+        .rwlock_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .map_err(lock_err)?;
+    let key = ("REDLEASE_KEY", lock.key().to_owned());
+    if args.write {
+        let attempt = async {
+            match c.wait.how() {
+                How::Now => lock.try_write().await,
+                How::Within(limit) => lock.write_timeout(limit).await,
+                How::Forever => lock.write().await,
+            }
+        };
+        let guard = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
+        let env = vec![key, ("REDLEASE_FENCE", guard.fence().to_string())];
+        return supervise(&args.name, c, Held::Write(guard), env, &mut signals).await;
+    }
+    let attempt = async {
+        match c.wait.how() {
+            How::Now => lock.try_read().await,
+            How::Within(limit) => lock.read_timeout(limit).await,
+            How::Forever => lock.read().await,
+        }
+    };
+    let guard = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
+    supervise(&args.name, c, Held::Read(guard), vec![key], &mut signals).await
+}
+
+/// A line on stderr for the operator.
+fn tracing_note(text: &str) {
+    eprintln!("redlease: {text}");
+}
+
+/// Runs CMD while `held` is held: passes signals on, reacts to a lost lease, releases
+/// when CMD has exited, and turns the outcome into redlease's exit status.
+async fn supervise(
+    name: &str,
+    args: &ChildArgs,
+    held: Held,
+    env: Vec<(&'static str, String)>,
+    signals: &mut Signals,
+) -> Result<ExitCode, Failure> {
     let (program, rest) = args.command.split_first().expect("clap requires CMD");
     let spawned = Command::new(program)
         .args(rest)
-        .env("REDLEASE_NAME", &args.name)
-        .env("REDLEASE_KEY", mutex.key())
-        .env("REDLEASE_FENCE", fence.to_string())
+        .env("REDLEASE_NAME", name)
+        .envs(env)
         .spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let _ = guard.release().await;
+            let _ = held.release().await;
             let status = if e.kind() == ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -53,7 +229,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
         }
     };
 
-    let lease = guard.lease().clone();
+    let lease = held.lease().clone();
     let lost = lease.lost();
     tokio::pin!(lost);
     let mut lost_reason: Option<LostReason> = None;
@@ -64,8 +240,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
             reason = &mut lost, if lost_reason.is_none() => {
                 lost_reason = Some(reason);
                 eprintln!(
-                    "redlease: lost lock {:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
-                    args.name,
+                    "redlease: lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
                     args.lost_signal,
                     human(args.grace),
                 );
@@ -90,18 +265,17 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
 
     if let Some(reason) = lost_reason {
         // If Redis was merely unreachable the key may still be ours: give it back.
-        let _ = guard.release().await;
-        return Err(lease_lost(&args.name, reason, status));
+        let _ = held.release().await;
+        return Err(lease_lost(name, reason, status));
     }
-    match guard.release().await {
+    match held.release().await {
         Ok(()) => Ok(ExitCode::from(cmd_status)),
-        Err(e) if e.is_not_held() => Err(lease_lost(&args.name, LostReason::Gone, status)),
+        Err(e) if e.is_not_held() => Err(lease_lost(name, LostReason::Gone, status)),
         Err(e) => {
             // CMD ran under the lock; only giving it back failed. It frees itself
             // after --ttl, so CMD's status is still the honest answer.
             eprintln!(
-                "redlease: warning: could not release lock {:?} ({e}); it frees itself within {}",
-                args.name,
+                "redlease: warning: could not release lock {name:?} ({e}); it frees itself within {}",
                 human(args.ttl)
             );
             Ok(ExitCode::from(cmd_status))
