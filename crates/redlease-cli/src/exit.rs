@@ -82,6 +82,18 @@ impl Failure {
                 UNAVAILABLE,
                 "another program uses that key; choose another NAME or --prefix".to_owned(),
             ),
+            E::LimitMismatch { .. } => (
+                USAGE,
+                "every user of a semaphore must pass the same --permits; see `redlease semaphore status NAME`".to_owned(),
+            ),
+            E::NotReplicated { .. } => (
+                UNAVAILABLE,
+                "fewer replicas confirmed the lock than --wait-replicas asks (it was released); check INFO replication, or lower --wait-replicas / raise --replica-timeout".to_owned(),
+            ),
+            E::NoQuorum { .. } => (
+                UNAVAILABLE,
+                format!("a majority of the --redlock masters ({redis}) must answer; start the ones that are down"),
+            ),
             E::ReadOnly { .. } => (
                 UNAVAILABLE,
                 "the server is a read-only replica; point --redis at the primary".to_owned(),

@@ -2,147 +2,18 @@
 //! exit statuses, JSON shapes, tokens, signals, lease loss, and the issue's acceptance
 //! test (6 processes × 25 runs of a read-modify-write on one file).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::thread;
+mod common;
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use redis::Commands;
-use redlease_testkit::{RedisServer, free_port};
+use redlease_testkit::free_port;
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_redlease");
-
-/// How long any single invocation may take before the test calls it hung.
-const LIMIT: Duration = Duration::from_secs(30);
-
-fn server() -> RedisServer {
-    RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn conn(server: &RedisServer) -> redis::Connection {
-    server
-        .client()
-        .get_connection()
-        .expect("connect to the test server")
-}
-
-fn all_keys(server: &RedisServer) -> Vec<String> {
-    let mut keys: Vec<String> = conn(server).keys("*").expect("KEYS");
-    keys.sort();
-    keys
-}
-
-/// `redlease` with a clean environment: no REDIS_URL or REDLEASE_TOKEN from outside.
-fn redlease() -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env_remove("REDIS_URL").env_remove("REDLEASE_TOKEN");
-    cmd
-}
-
-/// `redlease --redis <server> ARGS...`.
-fn at(server: &RedisServer, args: &[&str]) -> Command {
-    let mut cmd = redlease();
-    cmd.arg("--redis").arg(server.url()).args(args);
-    cmd
-}
-
-struct Out {
-    /// Exit code, or 128+N when killed by signal N.
-    code: i32,
-    stdout: String,
-    stderr: String,
-    took: Duration,
-}
-
-impl std::fmt::Debug for Out {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "exit {} after {:?}\n--- stdout\n{}--- stderr\n{}",
-            self.code, self.took, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs `cmd` to completion (at most `LIMIT`), capturing its output.
-fn output(mut cmd: Command) -> Out {
-    let started = Instant::now();
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn redlease");
-    finish(child, started)
-}
-
-/// Waits for `child` (at most `LIMIT`) and collects what it printed.
-fn finish(mut child: Child, started: Instant) -> Out {
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
-        thread::spawn(move || {
-            let mut s = String::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_string(&mut s);
-            }
-            s
-        })
-    };
-    let stdout = read(child.stdout.take().map(|p| Box::new(p) as _));
-    let stderr = read(child.stderr.take().map(|p| Box::new(p) as _));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if started.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("redlease did not finish within {LIMIT:?}");
-        }
-        thread::sleep(Duration::from_millis(5));
-    };
-    use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().expect("a code or a signal"));
-    Out {
-        code,
-        stdout: stdout.join().unwrap(),
-        stderr: stderr.join().unwrap(),
-        took: started.elapsed(),
-    }
-}
-
-fn json(out: &Out) -> Value {
-    serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
-}
-
-/// Starts `cmd` with piped stdin/stdout and waits for its first stdout line to be `ready`.
-fn start_until_ready(mut cmd: Command) -> (Child, BufReader<ChildStdout>) {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn redlease");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("read the first line");
-    assert_eq!(line.trim(), "ready", "CMD did not start");
-    (child, stdout)
-}
-
-/// Polls `check` every 10 ms until it holds, for at most `secs` seconds.
-fn eventually(secs: u64, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out after {secs}s: {what}");
-        thread::sleep(Duration::from_millis(10));
-    }
-}
 
 fn signal(child: &Child, sig: Signal) {
     kill(Pid::from_raw(child.id() as i32), sig).expect("send a signal");
@@ -703,10 +574,6 @@ done"#;
     }
     assert!(!conn(&server).exists::<_, bool>("redlease:counter").unwrap());
     eprintln!("{total} locked read-modify-writes by {PROCESSES} processes in {took:?}");
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap()
 }
 
 #[test]
