@@ -631,4 +631,143 @@ mod tests {
         let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!((v.paused, v.short_stalls, v.violations), (0, 1, 0));
     }
+
+    fn mark(cs: u64, op: Op, at_ns: u64, valid_until_ns: u64) -> Access {
+        Access {
+            cs,
+            token: 0,
+            op,
+            value: 0,
+            before: 0,
+            accepted: true,
+            at_ns,
+            valid_until_ns,
+        }
+    }
+
+    fn tally_ok(cs: &[u64]) -> Tally {
+        let mut tally = Tally::default();
+        for &c in cs {
+            tally.cs.insert(c, report(Outcome::Ok));
+        }
+        tally
+    }
+
+    /// Reader 1 begins, writer 2 read-increment-writes, reader 1 ends: the writer was
+    /// inside the reader's critical section.
+    fn reader_around_writer(reader_valid_until: u64) -> CounterLog {
+        let mut r = access(2, 5, false, 0, true, 20);
+        r.valid_until_ns = 100;
+        let mut w = write(2, 5, 0, 1, 21);
+        w.valid_until_ns = 100;
+        CounterLog {
+            fenced: true,
+            value: 1,
+            max_token: 5,
+            accesses: vec![
+                mark(1, Op::Begin, 10, reader_valid_until),
+                r,
+                w,
+                mark(1, Op::End, 30, reader_valid_until),
+            ],
+            raises: vec![(20, 5)],
+        }
+    }
+
+    #[test]
+    fn a_writer_inside_a_readers_section_is_a_violation_while_both_leases_are_valid() {
+        let tally = tally_ok(&[1, 2]);
+        let ttl = Duration::from_secs(1);
+        let v = check(&reader_around_writer(100), &tally, &[], ttl, Check::RwLock);
+        assert_eq!((v.critical_sections, v.writes), (2, 1));
+        assert_eq!((v.rw_overlaps, v.rw_overlaps_stale), (1, 0));
+        assert_eq!(v.violations, 1);
+        assert_eq!(v.max_inside, 2);
+        assert!(v.harness_errors.is_empty(), "{:?}", v.harness_errors);
+
+        // The reader's lease had run out before the writer came: a stale reader.
+        let v = check(&reader_around_writer(15), &tally, &[], ttl, Check::RwLock);
+        assert_eq!((v.rw_overlaps, v.rw_overlaps_stale, v.violations), (0, 1, 0));
+
+        // Redis lost the lock in between: the documented limit, not a violation.
+        let restart = Event {
+            fault: Fault::ServerRestart,
+            start_ns: 12,
+            end_ns: 13,
+            worker: None,
+        };
+        let v = check(&reader_around_writer(100), &tally, &[restart], ttl, Check::RwLock);
+        assert_eq!(
+            (v.rw_overlaps, v.rw_overlaps_lost_writes, v.violations),
+            (0, 1, 0)
+        );
+
+        // The same log for a mutex-style check has no reader rule.
+        let v = check(&reader_around_writer(100), &tally, &[], ttl, Check::Mutex);
+        assert_eq!(v.violations, 0);
+    }
+
+    #[test]
+    fn readers_inside_together_are_no_violation() {
+        let log = CounterLog {
+            fenced: true,
+            accesses: vec![
+                mark(1, Op::Begin, 10, 100),
+                mark(2, Op::Begin, 11, 100),
+                mark(3, Op::Begin, 12, 100),
+                mark(2, Op::End, 13, 100),
+                mark(1, Op::End, 14, 100),
+                mark(3, Op::Leave, 15, 100),
+            ],
+            ..CounterLog::default()
+        };
+        let mut tally = tally_ok(&[1, 2]);
+        tally.cs.insert(3, report(Outcome::Abandoned));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::RwLock);
+        assert_eq!((v.critical_sections, v.max_inside, v.violations), (2, 3, 0));
+        assert!(v.harness_errors.is_empty(), "{:?}", v.harness_errors);
+    }
+
+    #[test]
+    fn a_semaphore_counts_entries_past_its_limit() {
+        // Two permits; 1 and 2 inside, 3 enters while 1 (stalled past its lease at 15)
+        // is still inside; then 4 enters after 1 left.
+        let log = CounterLog {
+            accesses: vec![
+                mark(1, Op::Begin, 10, 15),
+                mark(2, Op::Begin, 11, 100),
+                mark(3, Op::Begin, 20, 100),
+                mark(1, Op::End, 30, 15),
+                mark(2, Op::End, 31, 100),
+                mark(4, Op::Begin, 32, 100),
+                mark(4, Op::End, 33, 100),
+                mark(3, Op::End, 34, 100),
+            ],
+            ..CounterLog::default()
+        };
+        let tally = tally_ok(&[1, 2, 3, 4]);
+        let v = check(
+            &log,
+            &tally,
+            &[],
+            Duration::from_secs(1),
+            Check::Semaphore { limit: 2 },
+        );
+        assert_eq!(v.critical_sections, 4);
+        assert_eq!(v.max_inside, 3);
+        assert_eq!(
+            (v.over_limit, v.over_limit_valid),
+            (1, 0),
+            "3 entered past the limit, but only 2 of those inside held valid leases"
+        );
+        assert_eq!(v.violations, 1);
+        let v = check(
+            &log,
+            &tally,
+            &[],
+            Duration::from_secs(1),
+            Check::Semaphore { limit: 3 },
+        );
+        assert_eq!(v.violations, 0);
+    }
 }
