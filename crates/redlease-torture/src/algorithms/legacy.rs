@@ -169,7 +169,7 @@ impl OldClient {
         let current: Option<String> = conn.get(&self.key).await?;
         // Held by a live stamp, freed meanwhile (the next pass's SETNX takes it), or
         // not a stamp at all: try again later.
-        if !stamp(&current).is_some_and(|t| t < wall_ms()) {
+        if stamp(&current).is_none_or(|t| t >= wall_ms()) {
             return Ok(None);
         }
         let now = wall_ms();
