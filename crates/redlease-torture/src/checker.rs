@@ -27,7 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::faults::{Event, Fault};
-use crate::resource::CounterLog;
+use crate::resource::{CounterLog, Op};
 use crate::worker::cs_worker;
 
 /// How a critical section ended, as its client reported it.
@@ -74,8 +74,24 @@ pub struct Tally {
 /// The checker's findings for one algorithm in one phase.
 #[derive(Clone, Debug, Default)]
 pub struct Verdict {
-    /// Critical sections completed: writes the resource accepted.
+    /// Critical sections completed: writes (or, for tokenless holders, ends) the
+    /// resource accepted.
     pub critical_sections: u64,
+    /// ... of which writes.
+    pub writes: u64,
+    /// The most critical sections inside at once, by the resource's log.
+    pub max_inside: u64,
+    /// Read-write lock: a reader and a writer inside at once, both leases valid, with
+    /// no loss of Redis's writes to explain it (violations).
+    pub rw_overlaps: u64,
+    /// ... explained by a restart that lost the lock (no token protects a reader).
+    pub rw_overlaps_lost_writes: u64,
+    /// ... with one of the two past its lease (a holder stalled past its lease).
+    pub rw_overlaps_stale: u64,
+    /// Semaphore: holders entering while `limit` others were inside (violations).
+    pub over_limit: u64,
+    /// ... of which more than `limit` of those inside still had valid leases.
+    pub over_limit_valid: u64,
     /// Critical sections entered (the lock was acquired).
     pub entered: u64,
     pub final_value: u64,
@@ -119,24 +135,64 @@ impl Verdict {
     }
 }
 
+/// What an algorithm's counter is checked for, beyond what every counter is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// One holder at a time: every critical section reads, increments and writes back.
+    Mutex,
+    /// Writers read-increment-write with their token; readers only begin and end. No
+    /// reader may be inside while a writer is (both with valid leases), and readers
+    /// overlapping each other is expected.
+    RwLock,
+    /// Permit holders only begin and end; at most `limit` may be inside at once.
+    Semaphore { limit: u32 },
+}
+
+/// One critical section's accepted accesses in the log.
+struct Span {
+    cs: u64,
+    first: usize,
+    last: usize,
+    /// It read-increment-wrote (a writer), rather than only began and ended.
+    writer: bool,
+    /// The latest `valid_until` it reported (0: no lease). Leases never get back once
+    /// past it, so the holder's lease was valid at `t` exactly when `t` is before this.
+    valid_until_ns: u64,
+}
+
+impl Span {
+    fn valid_at(&self, t: u64) -> bool {
+        self.valid_until_ns == 0 || t < self.valid_until_ns
+    }
+}
+
 /// Audits `log` (one algorithm's counter) against `tally` (its clients' reports);
 /// `events` are the faults injected meanwhile, `ttl` the lease length.
-pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -> Verdict {
+pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration, kind: Check) -> Verdict {
     let mut v = Verdict {
         final_value: log.value,
         entered: tally.cs.len() as u64,
         ..Verdict::default()
     };
+    let losses: Vec<u64> = events
+        .iter()
+        .filter(|e| e.fault.loses_writes())
+        .map(|e| e.start_ns)
+        .collect();
 
-    // Lost or duplicated increments, from the resource's side only.
+    // Completed critical sections, and lost or duplicated increments, from the
+    // resource's side only.
     let mut written: HashMap<u64, u64> = HashMap::new();
-    for a in log.accesses.iter().filter(|a| a.write && a.accepted) {
+    for a in log.accesses.iter().filter(|a| a.accepted && a.op.completes()) {
         v.critical_sections += 1;
+        if a.op == Op::Write {
+            v.writes += 1;
+        }
         if written.insert(a.cs, a.at_ns).is_some() {
             v.harness_errors
-                .push(format!("critical section {:#x} has two accepted writes", a.cs));
+                .push(format!("critical section {:#x} completed twice", a.cs));
         }
-        if a.value != a.before + 1 {
+        if a.op == Op::Write && a.value != a.before + 1 {
             v.stale_writes += 1;
             v.detail(format!(
                 "t={}ns: critical section {:#x} (token {}) wrote {} over {}",
@@ -144,13 +200,13 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
             ));
         }
     }
-    v.lost_increments = v.critical_sections.abs_diff(log.value);
+    v.lost_increments = v.writes.abs_diff(log.value);
 
-    // Interleavings: A, B, A among accepted accesses.
+    // Interleavings: A, B, A among accepted read-increment-write accesses.
     let mut seen: HashSet<u64> = HashSet::new();
     let mut interleaved: HashSet<u64> = HashSet::new();
     let mut last = None;
-    for a in log.accesses.iter().filter(|a| a.accepted) {
+    for a in log.accesses.iter().filter(|a| a.accepted && a.op.fenced()) {
         if last != Some(a.cs) && !seen.insert(a.cs) && interleaved.insert(a.cs) {
             v.detail(format!(
                 "t={}ns: critical section {:#x} (token {}) accessed again after {:#x}",
@@ -164,6 +220,8 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
     }
     v.interleavings = interleaved.len() as u64;
 
+    inside(log, tally, &losses, kind, &mut v);
+
     // The clients' view must match the log.
     let mut mismatches = 0u64;
     for (cs, r) in &tally.cs {
@@ -172,9 +230,9 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
             mismatches += 1;
             if mismatches <= 3 {
                 v.harness_errors.push(format!(
-                    "critical section {cs:#x}: client reports {:?}, resource {} its write",
+                    "critical section {cs:#x}: client reports {:?}, resource {} it",
                     r.outcome,
-                    if applied { "accepted" } else { "has no accepted" }
+                    if applied { "completed" } else { "never completed" }
                 ));
             }
         }
@@ -187,9 +245,8 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
         if !tally.cs.contains_key(cs) {
             mismatches += 1;
             if mismatches <= 3 {
-                v.harness_errors.push(format!(
-                    "critical section {cs:#x}: write accepted but never reported"
-                ));
+                v.harness_errors
+                    .push(format!("critical section {cs:#x}: completed but never reported"));
             }
         }
     }
@@ -199,11 +256,6 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
     }
 
     // Refused accesses: did a newer holder act while the refused one's lease was valid?
-    let losses: Vec<u64> = events
-        .iter()
-        .filter(|e| e.fault.loses_writes())
-        .map(|e| e.start_ns)
-        .collect();
     for a in log.accesses.iter().filter(|a| !a.accepted) {
         v.fenced_rejections += 1;
         if a.valid_until_ns == 0 {
@@ -297,9 +349,105 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration) -
     v.violations = v.lost_increments
         + v.interleavings
         + v.overlaps_unexpected
+        + v.rw_overlaps
+        + v.over_limit
         + v.paused_lost_missing
         + v.paused_lost_late;
     v
+}
+
+/// Who was inside at once: the most critical sections in progress together, and, for a
+/// read-write lock, readers inside while a writer was (a violation when both leases were
+/// valid at the time and Redis had not lost writes meanwhile), or, for a semaphore,
+/// more holders inside than permits.
+///
+/// A critical section is *inside* from its first accepted access to its last, in the
+/// log's order. Refused accesses do not count: they touched nothing.
+fn inside(log: &CounterLog, tally: &Tally, losses: &[u64], kind: Check, v: &mut Verdict) {
+    let mut spans: HashMap<u64, Span> = HashMap::new();
+    for (i, a) in log.accesses.iter().enumerate() {
+        let span = spans.entry(a.cs).or_insert(Span {
+            cs: a.cs,
+            first: usize::MAX,
+            last: 0,
+            writer: false,
+            valid_until_ns: 0,
+        });
+        span.valid_until_ns = span.valid_until_ns.max(a.valid_until_ns);
+        if a.accepted {
+            span.first = span.first.min(i);
+            span.last = i;
+            span.writer |= a.op.fenced();
+        }
+    }
+    spans.retain(|_, s| s.first != usize::MAX);
+    let mut ends: HashMap<usize, Vec<u64>> = HashMap::new();
+    for s in spans.values() {
+        ends.entry(s.last).or_default().push(s.cs);
+    }
+    let since = |cs: u64| tally.cs.get(&cs).map_or(0, |r| r.start_ns);
+    let mut now: Vec<u64> = Vec::new();
+    let mut pairs: HashSet<(u64, u64)> = HashSet::new();
+    for (i, a) in log.accesses.iter().enumerate() {
+        let Some(me) = spans.get(&a.cs) else { continue };
+        if !a.accepted {
+            continue;
+        }
+        if me.first == i {
+            now.push(a.cs);
+            v.max_inside = v.max_inside.max(now.len() as u64);
+            if let Check::Semaphore { limit } = kind
+                && now.len() > limit as usize
+            {
+                let valid = now.iter().filter(|cs| spans[*cs].valid_at(a.at_ns)).count();
+                if valid > limit as usize {
+                    v.over_limit_valid += 1;
+                }
+                v.over_limit += 1;
+                v.detail(format!(
+                    "t={}ns: critical section {:#x} entered with {} inside ({} with valid leases), {limit} permits",
+                    a.at_ns,
+                    a.cs,
+                    now.len(),
+                    valid
+                ));
+            }
+        }
+        if kind == Check::RwLock {
+            // A reader and a writer inside at once: this access, against everyone in.
+            for &other in &now {
+                let them = &spans[&other];
+                if other == a.cs || me.writer == them.writer {
+                    continue;
+                }
+                let key = (a.cs.min(other), a.cs.max(other));
+                if !pairs.insert(key) {
+                    continue;
+                }
+                let t = a.at_ns;
+                if !(me.valid_at(t) && them.valid_at(t)) {
+                    v.rw_overlaps_stale += 1;
+                } else if losses
+                    .iter()
+                    .any(|&l| since(a.cs).min(since(other)) <= l && l <= t)
+                {
+                    v.rw_overlaps_lost_writes += 1;
+                } else {
+                    v.rw_overlaps += 1;
+                    v.detail(format!(
+                        "t={t}ns: {} {:#x} accessed while {} {:#x} was inside, both leases valid",
+                        if me.writer { "writer" } else { "reader" },
+                        a.cs,
+                        if them.writer { "writer" } else { "reader" },
+                        other
+                    ));
+                }
+            }
+        }
+        if let Some(done) = ends.get(&i) {
+            now.retain(|cs| !done.contains(cs));
+        }
+    }
 }
 
 #[cfg(test)]
@@ -311,7 +459,7 @@ mod tests {
         Access {
             cs,
             token,
-            write,
+            op: if write { Op::Write } else { Op::Read },
             value,
             before: 0,
             accepted,
@@ -358,7 +506,7 @@ mod tests {
         let mut tally = Tally::default();
         tally.cs.insert(1, report(Outcome::Ok));
         tally.cs.insert(2, report(Outcome::Ok));
-        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!(v.critical_sections, 2);
         assert_eq!(v.lost_increments, 1);
         assert_eq!(v.stale_writes, 1, "B wrote 1 over 1");
@@ -380,7 +528,7 @@ mod tests {
         };
         let mut tally = Tally::default();
         tally.cs.insert(1, report(Outcome::Fenced));
-        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!(v.critical_sections, 1);
         assert_eq!(v.violations, 0);
         assert_eq!(v.harness_errors.len(), 1, "{:?}", v.harness_errors);
@@ -405,7 +553,7 @@ mod tests {
         let mut tally = Tally::default();
         tally.cs.insert(1, report(Outcome::Fenced));
         tally.cs.insert(2, report(Outcome::Ok));
-        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!((v.fenced_rejections, v.overlaps_unexpected), (1, 1));
         assert_eq!(v.violations, 1);
         let restart = Event {
@@ -414,7 +562,7 @@ mod tests {
             end_ns: 25,
             worker: None,
         };
-        let v = check(&log, &tally, &[restart], Duration::from_secs(1));
+        let v = check(&log, &tally, &[restart], Duration::from_secs(1), Check::Mutex);
         assert_eq!(
             (v.overlaps_caught, v.overlaps_unexpected, v.violations),
             (1, 0, 0)
@@ -436,7 +584,7 @@ mod tests {
         r.lost = Some("expired".into());
         r.lost_ns = Some(2_500);
         tally.cs.insert(1, r);
-        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!(v.paused_lost_late, 1);
         assert_eq!(v.violations, 1);
     }
@@ -463,7 +611,7 @@ mod tests {
                     ..r.clone()
                 },
             );
-            let v = check(&log, &tally, &[], Duration::from_secs(1));
+            let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
             assert_eq!(
                 (v.paused_lost_first, v.paused_lost_late),
                 (first, late),
@@ -480,7 +628,146 @@ mod tests {
                 ..r.clone()
             },
         );
-        let v = check(&log, &tally, &[], Duration::from_secs(1));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::Mutex);
         assert_eq!((v.paused, v.short_stalls, v.violations), (0, 1, 0));
+    }
+
+    fn mark(cs: u64, op: Op, at_ns: u64, valid_until_ns: u64) -> Access {
+        Access {
+            cs,
+            token: 0,
+            op,
+            value: 0,
+            before: 0,
+            accepted: true,
+            at_ns,
+            valid_until_ns,
+        }
+    }
+
+    fn tally_ok(cs: &[u64]) -> Tally {
+        let mut tally = Tally::default();
+        for &c in cs {
+            tally.cs.insert(c, report(Outcome::Ok));
+        }
+        tally
+    }
+
+    /// Reader 1 begins, writer 2 read-increment-writes, reader 1 ends: the writer was
+    /// inside the reader's critical section.
+    fn reader_around_writer(reader_valid_until: u64) -> CounterLog {
+        let mut r = access(2, 5, false, 0, true, 20);
+        r.valid_until_ns = 100;
+        let mut w = write(2, 5, 0, 1, 21);
+        w.valid_until_ns = 100;
+        CounterLog {
+            fenced: true,
+            value: 1,
+            max_token: 5,
+            accesses: vec![
+                mark(1, Op::Begin, 10, reader_valid_until),
+                r,
+                w,
+                mark(1, Op::End, 30, reader_valid_until),
+            ],
+            raises: vec![(20, 5)],
+        }
+    }
+
+    #[test]
+    fn a_writer_inside_a_readers_section_is_a_violation_while_both_leases_are_valid() {
+        let tally = tally_ok(&[1, 2]);
+        let ttl = Duration::from_secs(1);
+        let v = check(&reader_around_writer(100), &tally, &[], ttl, Check::RwLock);
+        assert_eq!((v.critical_sections, v.writes), (2, 1));
+        assert_eq!((v.rw_overlaps, v.rw_overlaps_stale), (1, 0));
+        assert_eq!(v.violations, 1);
+        assert_eq!(v.max_inside, 2);
+        assert!(v.harness_errors.is_empty(), "{:?}", v.harness_errors);
+
+        // The reader's lease had run out before the writer came: a stale reader.
+        let v = check(&reader_around_writer(15), &tally, &[], ttl, Check::RwLock);
+        assert_eq!((v.rw_overlaps, v.rw_overlaps_stale, v.violations), (0, 1, 0));
+
+        // Redis lost the lock in between: the documented limit, not a violation.
+        let restart = Event {
+            fault: Fault::ServerRestart,
+            start_ns: 12,
+            end_ns: 13,
+            worker: None,
+        };
+        let v = check(&reader_around_writer(100), &tally, &[restart], ttl, Check::RwLock);
+        assert_eq!(
+            (v.rw_overlaps, v.rw_overlaps_lost_writes, v.violations),
+            (0, 1, 0)
+        );
+
+        // The same log for a mutex-style check has no reader rule.
+        let v = check(&reader_around_writer(100), &tally, &[], ttl, Check::Mutex);
+        assert_eq!(v.violations, 0);
+    }
+
+    #[test]
+    fn readers_inside_together_are_no_violation() {
+        let log = CounterLog {
+            fenced: true,
+            accesses: vec![
+                mark(1, Op::Begin, 10, 100),
+                mark(2, Op::Begin, 11, 100),
+                mark(3, Op::Begin, 12, 100),
+                mark(2, Op::End, 13, 100),
+                mark(1, Op::End, 14, 100),
+                mark(3, Op::Leave, 15, 100),
+            ],
+            ..CounterLog::default()
+        };
+        let mut tally = tally_ok(&[1, 2]);
+        tally.cs.insert(3, report(Outcome::Abandoned));
+        let v = check(&log, &tally, &[], Duration::from_secs(1), Check::RwLock);
+        assert_eq!((v.critical_sections, v.max_inside, v.violations), (2, 3, 0));
+        assert!(v.harness_errors.is_empty(), "{:?}", v.harness_errors);
+    }
+
+    #[test]
+    fn a_semaphore_counts_entries_past_its_limit() {
+        // Two permits; 1 and 2 inside, 3 enters while 1 (stalled past its lease at 15)
+        // is still inside; then 4 enters after 1 left.
+        let log = CounterLog {
+            accesses: vec![
+                mark(1, Op::Begin, 10, 15),
+                mark(2, Op::Begin, 11, 100),
+                mark(3, Op::Begin, 20, 100),
+                mark(1, Op::End, 30, 15),
+                mark(2, Op::End, 31, 100),
+                mark(4, Op::Begin, 32, 100),
+                mark(4, Op::End, 33, 100),
+                mark(3, Op::End, 34, 100),
+            ],
+            ..CounterLog::default()
+        };
+        let tally = tally_ok(&[1, 2, 3, 4]);
+        let v = check(
+            &log,
+            &tally,
+            &[],
+            Duration::from_secs(1),
+            Check::Semaphore { limit: 2 },
+        );
+        assert_eq!(v.critical_sections, 4);
+        assert_eq!(v.max_inside, 3);
+        assert_eq!(
+            (v.over_limit, v.over_limit_valid),
+            (1, 0),
+            "3 entered past the limit, but only 2 of those inside held valid leases"
+        );
+        assert_eq!(v.violations, 1);
+        let v = check(
+            &log,
+            &tally,
+            &[],
+            Duration::from_secs(1),
+            Check::Semaphore { limit: 3 },
+        );
+        assert_eq!(v.violations, 0);
     }
 }

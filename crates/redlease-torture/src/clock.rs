@@ -25,3 +25,21 @@ pub fn instant_ns(t: Instant) -> u64 {
         ns.saturating_sub((now - t).as_nanos() as u64)
     }
 }
+
+/// How far this process's wall clock is set off (the `clock` fault), in milliseconds.
+static SKEW_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Sets this process's wall-clock skew (the `clock` fault steps it, then back to 0).
+pub fn set_skew_ms(ms: i64) {
+    SKEW_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The wall clock as this process's clients see it: Unix milliseconds, plus the skew.
+/// Only algorithms that read the client's clock (the seed's old timestamp lock) use it;
+/// redlease reads Redis's clock (`TIME`) and never this one.
+pub fn wall_ms() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    (now + SKEW_MS.load(std::sync::atomic::Ordering::Relaxed)).max(0) as u64
+}

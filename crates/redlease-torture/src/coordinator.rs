@@ -61,7 +61,10 @@ impl Config {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub algorithm: String,
+    /// Whether a violation in this row fails the run.
     pub must_be_safe: bool,
+    /// A baseline: never must be safe, there to show that the checker bites.
+    pub baseline: bool,
     pub fenced: bool,
     pub phase: String,
     pub faults: Vec<Fault>,
@@ -346,6 +349,7 @@ async fn run_phase(
     let events = events?;
     for w in workers.iter_mut() {
         w.signal(Signal::SIGCONT);
+        w.send(&json!({"cmd": "skew", "ms": 0}));
         w.send(&json!({"cmd": "stop"}));
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -378,7 +382,7 @@ async fn run_phase(
 
     let mut rows = Vec::new();
     for (i, alg) in algs.iter().enumerate() {
-        let mut verdict = checker::check(&logs[i], &tallies[i], &events, config.ttl);
+        let mut verdict = checker::check(&logs[i], &tallies[i], &events, config.ttl, alg.check());
         if !exited {
             verdict
                 .harness_errors
@@ -387,7 +391,8 @@ async fn run_phase(
         verdict.harness_errors.extend(fatal.iter().cloned());
         rows.push(Row {
             algorithm: alg.name().to_owned(),
-            must_be_safe: alg.must_be_safe(),
+            must_be_safe: alg.must_be_safe_under(&phase.faults),
+            baseline: !alg.must_be_safe(),
             fenced: alg.fenced(),
             phase: phase.name.clone(),
             faults: phase.faults.clone(),
@@ -541,24 +546,37 @@ async fn fault_loop(
     Ok(events)
 }
 
+/// How many of the lock servers (from the first) a proxy or pause event hits: the
+/// first, which every algorithm uses, or — one event in three, when there are several
+/// (Redlock's masters) — all of them.
+fn targets(servers: usize, rng: &mut Rng) -> usize {
+    if servers > 1 && rng.below(3) == 0 {
+        servers
+    } else {
+        1
+    }
+}
+
 /// Performs one fault event.
 async fn inject(fault: Fault, t: &mut Targets<'_>, rng: &mut Rng) -> Result<Option<Event>, String> {
     let mut start_ns = mono_ns();
     let mut worker = None;
     match fault {
         Fault::ReplyDelay => {
-            let proxy = rng.pick(t.proxies);
-            proxy.hold_replies();
+            let proxies = &t.proxies[..targets(t.proxies.len(), rng)];
+            proxies.iter().for_each(Proxy::hold_replies);
             tokio::time::sleep(rng.scaled(t.ttl, 0.3, 1.5)).await;
-            proxy.release_replies();
+            proxies.iter().for_each(Proxy::release_replies);
         }
         Fault::ConnReset => {
-            let proxy = rng.pick(t.proxies);
+            let proxies = &t.proxies[..targets(t.proxies.len(), rng)];
             // A little latency makes sure commands are in flight when the cut comes.
-            proxy.set_delay(Duration::from_millis(2));
+            proxies.iter().for_each(|p| p.set_delay(Duration::from_millis(2)));
             tokio::time::sleep(rng.between(Duration::from_millis(1), Duration::from_millis(15))).await;
-            proxy.cut();
-            proxy.set_delay(Duration::ZERO);
+            for p in proxies {
+                p.cut();
+                p.set_delay(Duration::ZERO);
+            }
         }
         Fault::ClientPause => {
             let w = rng.below(t.workers.len() as u64) as usize;
@@ -582,7 +600,9 @@ async fn inject(fault: Fault, t: &mut Targets<'_>, rng: &mut Rng) -> Result<Opti
             t.workers[w].signal(Signal::SIGCONT);
         }
         Fault::ServerRestart | Fault::ServerRestartAof => {
-            let server = rng.pick(t.servers).clone();
+            // The first server: the only one of the single-server algorithms, one of
+            // Redlock's three.
+            let server = t.servers[0].clone();
             let mut down = rng.between(Duration::ZERO, Duration::from_millis(300));
             if rng.below(2) == 0 {
                 // Half the restarts hit while holders stall well *within* their leases
@@ -616,12 +636,25 @@ async fn inject(fault: Fault, t: &mut Targets<'_>, rng: &mut Rng) -> Result<Opti
             .map_err(|e| format!("redis-server did not come back: {e}"))?;
         }
         Fault::ServerPause => {
-            let server = rng.pick(t.servers);
-            server.lock().expect("server lock").pause();
+            let servers = &t.servers[..targets(t.servers.len(), rng)];
+            servers
+                .iter()
+                .for_each(|s| s.lock().expect("server lock").pause());
             tokio::time::sleep(rng.scaled(t.ttl, 0.3, 2.0)).await;
-            server.lock().expect("server lock").resume();
+            servers
+                .iter()
+                .for_each(|s| s.lock().expect("server lock").resume());
         }
-        Fault::Clock => return Ok(None),
+        Fault::Clock => {
+            // One worker's wall clock jumps 0.5-3 x TTL ahead or behind for a while.
+            let w = rng.below(t.workers.len() as u64) as usize;
+            let ms = rng.scaled(t.ttl, 0.5, 3.0).as_millis() as i64;
+            let ms = if rng.below(2) == 0 { ms } else { -ms };
+            t.workers[w].send(&json!({"cmd": "skew", "ms": ms}));
+            worker = Some(w);
+            tokio::time::sleep(rng.between(Duration::from_millis(1000), Duration::from_millis(2000))).await;
+            t.workers[w].send(&json!({"cmd": "skew", "ms": 0}));
+        }
     }
     Ok(Some(Event {
         fault,

@@ -26,8 +26,9 @@ pub enum Fault {
     ServerRestartAof,
     /// The lock's redis-server is frozen with SIGSTOP, then SIGCONT.
     ServerPause,
-    /// Redis's clock jumps. Only meaningful for the legacy timestamp mode, which is not
-    /// part of the torture run yet; no algorithm accepts it today.
+    /// One worker process's wall clock jumps ahead or behind for a while. Only the
+    /// legacy timestamp lock's algorithms run under it: the seed's old clients compare
+    /// stamps with their own clock; redlease reads Redis's.
     Clock,
 }
 
@@ -69,7 +70,9 @@ impl Fault {
             Fault::ServerRestart => "SIGKILL redis-server, restart it empty",
             Fault::ServerRestartAof => "SIGKILL redis-server, restart it from its appendfsync-always AOF",
             Fault::ServerPause => "SIGSTOP redis-server 0.3-2 x TTL, then SIGCONT",
-            Fault::Clock => "step Redis's clock (legacy timestamp mode only; not available yet)",
+            Fault::Clock => {
+                "a worker's wall clock runs 0.5-3 x TTL ahead or behind for 1-2 s (legacy timestamp locks only)"
+            }
         }
     }
 

@@ -28,11 +28,12 @@ fn faults_label(faults: &[Fault]) -> String {
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::new();
     let header = format!(
-        "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+        "{:<19} {:<19} {:>7} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
         "algorithm",
         "faults",
         "CS",
         "viol",
+        "max-in",
         "lost-sig",
         "fenced",
         "caught",
@@ -50,13 +51,19 @@ pub fn table(rows: &[Row]) -> String {
         } else {
             format!("{}/{}", v.paused_lost_first, v.paused - v.paused_excused)
         };
+        let viol = if r.must_be_safe {
+            v.violations.to_string()
+        } else {
+            format!("{}*", v.violations)
+        };
         let _ = writeln!(
             out,
-            "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
+            "{:<19} {:<19} {:>7} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>6}",
             r.algorithm,
             faults_label(&r.faults),
             v.critical_sections,
-            v.violations,
+            viol,
+            v.max_inside,
             opt(v.lost_signals),
             if r.fenced {
                 v.fenced_rejections.to_string()
@@ -79,6 +86,10 @@ pub fn table(rows: &[Row]) -> String {
         );
     }
     let _ = writeln!(out, "{}", "-".repeat(header.len()));
+    let _ = writeln!(
+        out,
+        "(* informative: a baseline, or a lock without fencing token under a fault that lets a holder outlive its lease)"
+    );
     for t in totals(rows) {
         let n = |k: &str| t[k].as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string());
         let fenced = t["fenced"].as_bool() == Some(true);
@@ -91,11 +102,12 @@ pub fn table(rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<19} {:<19} {:>7} {:>5} {:>8} {:>7} {:>7} {:>7}",
+            "{:<19} {:<19} {:>7} {:>5} {:>6} {:>8} {:>7} {:>7} {:>7}",
             t["algorithm"].as_str().unwrap_or(""),
             "all",
             n("critical_sections"),
             n("violations"),
+            n("max_inside"),
             n("lost_signals_fired"),
             if fenced {
                 n("fenced_rejections")
@@ -133,7 +145,14 @@ fn totals(rows: &[Row]) -> Vec<Value> {
                 .then(|| sum(&|r| r.verdict.lost_signals.unwrap_or(0)));
             json!({
                 "algorithm": name,
-                "must_be_safe": mine[0].must_be_safe,
+                "must_be_safe": mine.iter().all(|r| r.must_be_safe),
+                "baseline": mine[0].baseline,
+                "violations_must_be_safe": mine
+                    .iter()
+                    .filter(|r| r.must_be_safe)
+                    .map(|r| r.verdict.violations)
+                    .sum::<u64>(),
+                "max_inside": mine.iter().map(|r| r.verdict.max_inside).max().unwrap_or(0),
                 "fenced": mine[0].fenced,
                 "faults": faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
                 "critical_sections": sum(&|r| r.verdict.critical_sections),
@@ -150,7 +169,7 @@ fn totals(rows: &[Row]) -> Vec<Value> {
 
 fn row_json(r: &Row) -> Value {
     let v = &r.verdict;
-    json!({
+    let mut doc = json!({
         "algorithm": r.algorithm,
         "phase": r.phase,
         "faults": r.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
@@ -158,7 +177,9 @@ fn row_json(r: &Row) -> Value {
         "violations": v.violations,
         "lost_signals_fired": v.lost_signals,
         "must_be_safe": r.must_be_safe,
+        "baseline": r.baseline,
         "fenced": r.fenced,
+
         "seconds": (r.seconds * 10.0).round() / 10.0,
         "fault_events": r.fault_events,
         "entered": v.entered,
@@ -185,7 +206,21 @@ fn row_json(r: &Row) -> Value {
         "acquire_error_samples": r.acquire_error_samples,
         "harness_errors": v.harness_errors,
         "violation_details": v.details,
-    })
+    });
+    // Beside the mutex's fields (a second `json!` keeps the macro within its limits).
+    let more = json!({
+        "writes": v.writes,
+        "max_inside": v.max_inside,
+        "rw_overlaps": v.rw_overlaps,
+        "rw_overlaps_after_lost_writes": v.rw_overlaps_lost_writes,
+        "rw_overlaps_past_lease": v.rw_overlaps_stale,
+        "over_limit": v.over_limit,
+        "over_limit_with_valid_leases": v.over_limit_valid,
+    });
+    if let (Some(doc), Value::Object(more)) = (doc.as_object_mut(), more) {
+        doc.extend(more);
+    }
+    doc
 }
 
 /// The `--json` document.
@@ -216,6 +251,7 @@ pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
         if r.must_be_safe && v.violations > 0 {
             violations.push(format!(
                 "{} under {}: {} violations (lost increments {}, interleavings {}, unexpected overlaps {}, \
+                 reader/writer overlaps {}, over the permit limit {}, \
                  paused holders without lost() {}, lost() after the refusal {})",
                 r.algorithm,
                 r.phase,
@@ -223,6 +259,8 @@ pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
                 v.lost_increments,
                 v.interleavings,
                 v.overlaps_unexpected,
+                v.rw_overlaps,
+                v.over_limit,
                 v.paused_lost_missing,
                 v.paused_lost_late
             ));

@@ -6,6 +6,12 @@
 //! (Kleppmann's fencing; fencing only writes would still let a stale holder's read
 //! feed a later write). An *unfenced* counter, used by the baselines, accepts all.
 //!
+//! Holders that do not modify the counter — a read-write lock's readers, a semaphore's
+//! permit holders — have no token. They announce where their critical section begins
+//! and ends (`B`, then `E`, or `L` when they leave early because their lease was lost);
+//! those accesses are never fenced, only logged (and `B`/`E` return the value), so the
+//! checker can see who was inside at once.
+//!
 //! Every access, accepted or refused, is appended to the counter's log under the same
 //! lock that applies it, with the time it was applied. The log — not what clients
 //! believe happened — is what the checker audits.
@@ -15,6 +21,7 @@
 //! ```text
 //! R <counter> <cs> <token> <valid_until_ns>          -> OK <value> <at_ns> | STALE <max> <at_ns>
 //! W <counter> <cs> <token> <value> <valid_until_ns>  -> OK <value> <at_ns> | STALE <max> <at_ns>
+//! B|E|L <counter> <cs> <valid_until_ns>              -> OK <value> <at_ns>
 //! ```
 
 use std::net::SocketAddr;
@@ -27,13 +34,40 @@ use tokio::task::JoinHandle;
 
 use crate::clock::mono_ns;
 
+/// What an access does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Reads the value (fenced): the start of a read-increment-write.
+    Read,
+    /// Writes a value (fenced): completes a read-increment-write.
+    Write,
+    /// A tokenless holder (reader, permit holder) enters; reads the value.
+    Begin,
+    /// ... completes its critical section and leaves; reads the value.
+    End,
+    /// ... leaves early, its lease lost: not a completed critical section.
+    Leave,
+}
+
+impl Op {
+    /// Whether the fencing rule applies (and the token counts).
+    pub fn fenced(self) -> bool {
+        matches!(self, Op::Read | Op::Write)
+    }
+
+    /// Whether an accepted access of this kind completes a critical section.
+    pub fn completes(self) -> bool {
+        matches!(self, Op::Write | Op::End)
+    }
+}
+
 /// One access as the resource applied (or refused) it.
 #[derive(Clone, Copy, Debug)]
 pub struct Access {
     /// The critical section it belongs to.
     pub cs: u64,
     pub token: u64,
-    pub write: bool,
+    pub op: Op,
     /// The value read, or the value written.
     pub value: u64,
     /// The counter's value before a write.
@@ -58,10 +92,17 @@ pub struct CounterLog {
 }
 
 impl CounterLog {
-    fn apply(&mut self, cs: u64, token: u64, write: Option<u64>, valid_until_ns: u64) -> (bool, u64, u64) {
+    fn apply(
+        &mut self,
+        cs: u64,
+        token: u64,
+        op: Op,
+        write: Option<u64>,
+        valid_until_ns: u64,
+    ) -> (bool, u64, u64) {
         let at_ns = mono_ns();
-        let accepted = !self.fenced || token >= self.max_token;
-        if accepted && token > self.max_token {
+        let accepted = !self.fenced || !op.fenced() || token >= self.max_token;
+        if accepted && op.fenced() && token > self.max_token {
             self.max_token = token;
             self.raises.push((at_ns, token));
         }
@@ -72,7 +113,7 @@ impl CounterLog {
         self.accesses.push(Access {
             cs,
             token,
-            write: write.is_some(),
+            op,
             value: write.unwrap_or(before),
             before,
             accepted,
@@ -168,19 +209,24 @@ fn handle(line: &str, state: &State) -> Result<(bool, u64, u64), String> {
             .and_then(|p| p.parse().ok())
             .ok_or_else(|| format!("bad request {line:?}"))
     };
-    let counter = num()? as usize;
-    let (cs, token) = (num()?, num()?);
-    let write = match op {
-        "R" => None,
-        "W" => Some(num()?),
+    let op = match op {
+        "R" => Op::Read,
+        "W" => Op::Write,
+        "B" => Op::Begin,
+        "E" => Op::End,
+        "L" => Op::Leave,
         _ => return Err(format!("bad request {line:?}")),
     };
+    let counter = num()? as usize;
+    let cs = num()?;
+    let token = if op.fenced() { num()? } else { 0 };
+    let write = if op == Op::Write { Some(num()?) } else { None };
     let valid_until = num()?;
     let mut state = state.lock().expect("resource lock");
     let log = state
         .get_mut(counter)
         .ok_or_else(|| format!("no counter {counter}"))?;
-    Ok(log.apply(cs, token, write, valid_until))
+    Ok(log.apply(cs, token, op, write, valid_until))
 }
 
 /// What the resource answered.
@@ -226,6 +272,18 @@ impl ResourceConn {
             .await
     }
 
+    /// A tokenless access (`Begin`, `End` or `Leave`): never fenced.
+    pub async fn mark(&mut self, op: Op, cs: u64, valid_until_ns: u64) -> std::io::Result<Reply> {
+        let c = self.counter;
+        let code = match op {
+            Op::Begin => "B",
+            Op::End => "E",
+            Op::Leave => "L",
+            Op::Read | Op::Write => return Err(std::io::Error::other("a fenced access needs a token")),
+        };
+        self.call(format!("{code} {c} {cs} {valid_until_ns}\n")).await
+    }
+
     async fn call(&mut self, request: String) -> std::io::Result<Reply> {
         self.write.write_all(request.as_bytes()).await?;
         let line = self
@@ -258,25 +316,46 @@ mod tests {
             fenced: true,
             ..CounterLog::default()
         };
-        assert!(c.apply(1, 10, None, 0).0);
-        assert!(c.apply(2, 11, None, 0).0);
+        assert!(c.apply(1, 10, Op::Read, None, 0).0);
+        assert!(c.apply(2, 11, Op::Read, None, 0).0);
         // The older holder may neither read nor write any more.
-        assert_eq!(c.apply(1, 10, None, 0), (false, 11, c.accesses[2].at_ns));
-        assert!(!c.apply(1, 10, Some(1), 0).0);
+        assert_eq!(
+            c.apply(1, 10, Op::Read, None, 0),
+            (false, 11, c.accesses[2].at_ns)
+        );
+        assert!(!c.apply(1, 10, Op::Write, Some(1), 0).0);
         assert_eq!(c.value, 0, "the refused write changed nothing");
-        assert!(c.apply(2, 11, Some(1), 0).0);
+        assert!(c.apply(2, 11, Op::Write, Some(1), 0).0);
         assert_eq!(c.value, 1);
         assert_eq!(c.raises.iter().map(|&(_, m)| m).collect::<Vec<_>>(), [10, 11]);
         assert_eq!(c.accesses.iter().filter(|a| !a.accepted).count(), 2);
     }
 
     #[test]
+    fn tokenless_marks_pass_a_fenced_counter_and_never_raise_its_token() {
+        let mut c = CounterLog {
+            fenced: true,
+            ..CounterLog::default()
+        };
+        assert!(c.apply(1, 10, Op::Read, None, 0).0);
+        assert!(c.apply(2, 0, Op::Begin, None, 0).0);
+        assert!(c.apply(2, 0, Op::End, None, 0).0);
+        assert!(c.apply(3, 0, Op::Leave, None, 0).0);
+        assert_eq!(c.max_token, 10);
+        assert_eq!(c.raises.len(), 1);
+        assert!(
+            c.apply(1, 10, Op::Write, Some(1), 0).0,
+            "the writer is still the newest"
+        );
+    }
+
+    #[test]
     fn an_unfenced_counter_accepts_everything_and_still_logs_it() {
         let mut c = CounterLog::default();
-        assert!(c.apply(1, 0, None, 0).0);
-        assert!(c.apply(2, 0, None, 0).0);
-        assert!(c.apply(1, 0, Some(1), 0).0);
-        assert!(c.apply(2, 0, Some(1), 0).0);
+        assert!(c.apply(1, 0, Op::Read, None, 0).0);
+        assert!(c.apply(2, 0, Op::Read, None, 0).0);
+        assert!(c.apply(1, 0, Op::Write, Some(1), 0).0);
+        assert!(c.apply(2, 0, Op::Write, Some(1), 0).0);
         assert_eq!(c.value, 1, "the lost update happened");
         assert_eq!(c.accesses.len(), 4);
         assert_eq!((c.accesses[3].before, c.accesses[3].value), (1, 1));

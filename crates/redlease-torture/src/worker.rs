@@ -8,6 +8,7 @@
 //! lease is watched on a separate *observer* runtime, as a supervisor thread would.
 //!
 //! The worker reads commands from stdin (`{"cmd":"pause","ms":N,"fresh":B}`,
+//! `{"cmd":"skew","ms":N}` (the `clock` fault: the wall clock old-style clients read),
 //! `{"cmd":"stop"}`; end of input also stops it) and reports every critical section on
 //! stdout as one JSON line.
 
@@ -21,9 +22,9 @@ use redlease::LostReason;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
-use crate::algorithms::{self, AcquireError, Algorithm, Held, LockClient, LockEnv};
-use crate::clock::{instant_ns, mono_ns};
-use crate::resource::{Reply, ResourceConn};
+use crate::algorithms::{self, AcquireError, Algorithm, Held, LockClient, LockEnv, Role};
+use crate::clock::{instant_ns, mono_ns, set_skew_ms};
+use crate::resource::{Op, Reply, ResourceConn};
 use crate::rng::Rng;
 
 /// What the coordinator tells a worker to run.
@@ -183,6 +184,7 @@ pub fn main(spec: &str) -> ExitCode {
                             p.store(ms, Ordering::Release);
                         }
                     }
+                    Some("skew") => set_skew_ms(cmd["ms"].as_i64().unwrap_or(0)),
                     Some("stop") => break,
                     _ => {}
                 }
@@ -390,11 +392,16 @@ async fn client_task(
         });
 
         let mut report = Map::new();
+        let role = held.role();
         let outcome = 'cs: {
             if !still_held(&*held) {
                 break 'cs "abandoned";
             }
-            let value = match res.read(cs, fence, valid_until_ns(&*held)).await {
+            let first = match role {
+                Role::Writer => res.read(cs, fence, valid_until_ns(&*held)).await,
+                Role::Occupant => res.mark(Op::Begin, cs, valid_until_ns(&*held)).await,
+            };
+            let value = match first {
                 Ok(Reply::Accepted { value }) => value,
                 Ok(Reply::Stale { at_ns }) => {
                     report.insert("rej".into(), at_ns.into());
@@ -406,14 +413,31 @@ async fn client_task(
                 }
             };
             // The work between the read and the write; now and then a long one, that
-            // needs its lease renewed.
+            // needs its lease renewed. A holder told that its lease is lost stops, as an
+            // application selecting on `lost()` would.
             let work = if rng.below(1000) < spec.long_work_per_mille {
                 rng.scaled(Duration::from_millis(spec.ttl_ms), 0.3, 0.7)
             } else {
                 Duration::from_micros(rng.below(spec.work_max_us + 1))
             };
-            tokio::time::sleep(work).await;
+            match held.lease() {
+                Some(lease) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(work) => {}
+                        _ = lease.lost() => {}
+                    }
+                }
+                None => tokio::time::sleep(work).await,
+            }
             if !still_held(&*held) {
+                // Tokenless holders are inside since their first access: one that learns
+                // its lease is lost leaves at once (not a completed critical section).
+                if role == Role::Occupant
+                    && let Err(e) = res.mark(Op::Leave, cs, valid_until_ns(&*held)).await
+                {
+                    fatal(format!("resource access failed: {e}"));
+                    break 'cs "io";
+                }
                 break 'cs "abandoned";
             }
             // client-pause: the holder checked its lease a moment ago and now stalls, its
@@ -434,7 +458,11 @@ async fn client_task(
                 let _ = shared.out.send(json!({"t": "stall", "a": ai}).to_string());
                 std::thread::sleep(Duration::from_millis(stall));
             }
-            match res.write(cs, fence, value + 1, valid_until_ns(&*held)).await {
+            let second = match role {
+                Role::Writer => res.write(cs, fence, value + 1, valid_until_ns(&*held)).await,
+                Role::Occupant => res.mark(Op::End, cs, valid_until_ns(&*held)).await,
+            };
+            match second {
                 Ok(Reply::Accepted { .. }) => "ok",
                 Ok(Reply::Stale { at_ns }) => {
                     report.insert("rej".into(), at_ns.into());

@@ -1,9 +1,13 @@
 //! The locks under test, behind one small interface.
 //!
-//! Adding an algorithm (a fair mutex, a read-write lock's write side, a one-permit
-//! semaphore, Redlock, the legacy timestamp mode) is one module here that implements
-//! [`Algorithm`], [`LockClient`] and [`Held`], plus one line in [`all`]. The harness does
-//! the rest: clients in tasks and processes, the resource, faults and the checker.
+//! Adding an algorithm is one module here that implements [`Algorithm`], [`LockClient`]
+//! and [`Held`], plus one line in [`all`]. The harness does the rest: clients in tasks
+//! and processes, the resource, faults and the checker.
+//!
+//! A holder either read-increment-writes the counter with its fencing token
+//! ([`Role::Writer`]: mutexes, a read-write lock's writers) or only marks where its
+//! critical section begins and ends ([`Role::Occupant`]: readers, permit holders, which
+//! have no token); [`Algorithm::check`] says what the checker demands of the log.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,11 +16,17 @@ use std::time::Duration;
 
 use redlease::Lease;
 
+use crate::checker::Check;
 use crate::faults::Fault;
 
+mod legacy;
 mod naive_get_del;
 mod naive_setnx_expire;
+mod redlease_fair;
 mod redlease_mutex;
+mod redlease_redlock;
+mod redlease_rwlock;
+mod redlease_semaphore;
 
 /// A boxed, sendable future (the interface is object-safe so algorithms can be listed).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -26,9 +36,26 @@ pub fn all() -> Vec<Arc<dyn Algorithm>> {
     vec![
         Arc::new(redlease_mutex::RedleaseMutex { fenced: true }),
         Arc::new(redlease_mutex::RedleaseMutex { fenced: false }),
+        Arc::new(redlease_fair::RedleaseFair),
+        Arc::new(redlease_rwlock::RedleaseRwLock),
+        Arc::new(redlease_semaphore::RedleaseSemaphore),
+        Arc::new(redlease_redlock::RedleaseRedlock),
+        Arc::new(legacy::RedleaseLegacy),
         Arc::new(naive_setnx_expire::NaiveSetnxExpire::default()),
         Arc::new(naive_get_del::NaiveGetDel),
+        Arc::new(legacy::NaiveLegacy),
     ]
+}
+
+/// Faults under which a lock *without* a token the resource checks cannot keep the
+/// resource safe, by design: a holder stalled or frozen past its lease acts after its
+/// successor came (`client-pause`, `process-pause`), or Redis forgets the lock
+/// (`server-restart`). Algorithms without fencing are informative under these.
+pub fn outlives_lease(fault: Fault) -> bool {
+    matches!(
+        fault,
+        Fault::ClientPause | Fault::ProcessPause | Fault::ServerRestart
+    )
 }
 
 /// The algorithm called `name`.
@@ -71,6 +98,27 @@ pub trait Algorithm: Send + Sync {
     /// that the checker catches broken locks.
     fn must_be_safe(&self) -> bool;
 
+    /// Whether a violation under these faults fails the run (default:
+    /// [`must_be_safe`](Algorithm::must_be_safe)). Locks without fencing tokens are
+    /// must-be-safe only where no holder can outlive its lease unnoticed.
+    fn must_be_safe_under(&self, _faults: &[Fault]) -> bool {
+        self.must_be_safe()
+    }
+
+    /// What `list` calls it.
+    fn kind(&self) -> &'static str {
+        if self.must_be_safe() {
+            "must be safe"
+        } else {
+            "baseline"
+        }
+    }
+
+    /// What the checker demands of its counter's log.
+    fn check(&self) -> Check {
+        Check::Mutex
+    }
+
     /// How many independent lock servers it needs (Redlock: several).
     fn servers(&self) -> usize {
         1
@@ -103,8 +151,22 @@ pub trait LockClient: Send + Sync {
     fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>>;
 }
 
+/// What a holder does with the counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Reads, increments and writes back, with its fencing token.
+    Writer,
+    /// Only begins and ends (tokenless: never fenced).
+    Occupant,
+}
+
 /// A held lock.
 pub trait Held: Send {
+    /// What the holder does in its critical section.
+    fn role(&self) -> Role {
+        Role::Writer
+    }
+
     /// The fencing token handed to the resource (0 when the algorithm has none).
     fn fence(&self) -> u64;
 
@@ -162,6 +224,40 @@ pub(crate) async fn naive_connection(env: &LockEnv) -> Result<redis::aio::Connec
 /// redis-py, redsync and rslock do).
 pub(crate) fn poll_delay() -> Duration {
     Duration::from_millis(20 + getrandom::u64().unwrap_or(0) % 40)
+}
+
+/// Maps a redlease acquire error.
+pub(crate) fn acquire_error(e: redlease::Error) -> AcquireError {
+    if e.is_timeout() {
+        AcquireError::Timeout
+    } else if e.is_unavailable() {
+        AcquireError::Unavailable(e.to_string())
+    } else {
+        AcquireError::Other(e.to_string())
+    }
+}
+
+/// Maps a redlease release result.
+pub(crate) fn release_outcome(r: redlease::Result<()>) -> ReleaseOutcome {
+    match r {
+        Ok(()) => ReleaseOutcome::Released,
+        Err(e) if e.is_not_held() => ReleaseOutcome::NotHeld,
+        Err(_) => ReleaseOutcome::Failed,
+    }
+}
+
+/// A redlease client for the first lock server, as every redlease algorithm here
+/// configures it.
+pub(crate) async fn redlease_client(env: &LockEnv) -> Result<redlease::Client, String> {
+    let redis = redis::Client::open(env.urls[0].as_str()).map_err(|e| e.to_string())?;
+    redlease::Client::builder(redis)
+        .prefix("torture:")
+        .owner_label(env.label.clone())
+        .response_timeout(Some(env.response_timeout))
+        .retry_window(env.retry_window)
+        .build()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn classify(e: &redis::RedisError) -> AcquireError {
