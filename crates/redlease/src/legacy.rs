@@ -516,6 +516,7 @@ impl LegacyGuard {
             .take()
             .expect("token present until the guard is consumed");
         let shared = self.lease.shared.clone();
+        let valid_until = shared.valid_until();
         shared.end(LostReason::Released);
         let s = self.lock.shared.clone();
         let call = shared.release.clone();
@@ -532,11 +533,21 @@ impl LegacyGuard {
             Some(&pending),
         )
         .await?;
+        let answered = Instant::now();
+        let doubted = pending.doubted();
         pending.disarm();
         match int(&reply) {
             // -1: an earlier attempt of this release, whose reply was lost, did it.
             Some(1 | -1) => {
                 tracing::debug!(lock = %s.name, "legacy lock released");
+                Ok(())
+            }
+            // Not ours any more, but an earlier attempt may have landed and this answer
+            // came while our lock was still valid: it cannot have expired or been taken
+            // over on the server before this retry ran, so that attempt released it
+            // (and the next holder may already have overwritten its marker).
+            Some(0) if doubted && answered < valid_until => {
+                tracing::debug!(lock = %s.name, "legacy lock released by an earlier attempt");
                 Ok(())
             }
             _ => Err(Error::NotHeld {
