@@ -213,6 +213,9 @@ async fn supervise(
     let spawned = Command::new(program)
         .args(rest)
         .env("REDLEASE_NAME", name)
+        // Kinds without a fencing token must not pass on one inherited from outside.
+        .env_remove("REDLEASE_FENCE")
+        .env_remove("REDLEASE_PERMITS")
         .envs(env)
         .spawn();
     let mut child = match spawned {

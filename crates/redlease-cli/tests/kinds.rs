@@ -34,6 +34,28 @@ fn workers(n: usize, server_url: &str, body: &str) -> Vec<Child> {
         .collect()
 }
 
+/// As `workers`, with one more variable in the workers' environment.
+fn workers_with_env(n: usize, server_url: &str, body: &str, (key, value): (&str, &str)) -> Vec<Child> {
+    (0..n)
+        .map(|i| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(body)
+                .arg("worker")
+                .arg(BIN)
+                .arg(server_url)
+                .arg(i.to_string())
+                .env_remove("REDIS_URL")
+                .env(key, value)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
 fn numbers(path: &Path) -> Vec<u64> {
     read(path)
         .lines()
@@ -334,7 +356,8 @@ done"#,
         counter.display()
     );
     let started = Instant::now();
-    let processes = workers(2, &server.url(), &body);
+    // An outer run's fencing token must not leak into a legacy run's CMD.
+    let processes: Vec<Child> = workers_with_env(2, &server.url(), &body, ("REDLEASE_FENCE", "12345"));
     let olds: Vec<_> = (0..2)
         .map(|_| {
             let (url, counter) = (server.url(), counter.clone());
