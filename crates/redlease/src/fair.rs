@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use crate::client::{ClientInner, LeaseOptions};
+#[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::held::{Heartbeat, Held, bad_reply, ms, start_lease, waiter_id};
 use crate::keys::{self, LockKeys};
@@ -14,7 +15,7 @@ use crate::scripts::{
     FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, array, int, opt_string,
 };
 use crate::token::{FencingToken, Token};
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying};
+use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_by_token, eval_retrying};
 
 /// Default time a waiter's place in the queue survives without a heartbeat (capped at
 /// the lease TTL).
@@ -427,23 +428,7 @@ impl FairMutex {
     pub async fn release_token(&self, token: &Token) -> Result<()> {
         let s = &*self.shared;
         let call = self.release_call(token, "".into());
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "release",
-            call.script,
-            &call.cmd(),
-            None,
-            None,
-        )
-        .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+        eval_by_token(&s.client, &s.name, s.key(), "release", call.script, &call.cmd()).await
     }
 
     /// Sets the remaining lease of the lock held by `token` to `ttl`.
@@ -464,23 +449,7 @@ impl FairMutex {
             &[token.expose(), &s.client.retention_arg],
             Some(ttl_ms),
         );
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "extend",
-            &MUTEX_EXTEND,
-            &cmd,
-            None,
-            None,
-        )
-        .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+        eval_by_token(&s.client, &s.name, s.key(), "extend", &MUTEX_EXTEND, &cmd).await
     }
 
     /// Who holds the lock, its fencing tokens, and who waits in which order.

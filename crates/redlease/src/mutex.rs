@@ -15,7 +15,7 @@ use crate::scripts::{
     MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_HANDOFF, MUTEX_RELEASE, MUTEX_STATUS, array, int, opt_string,
 };
 use crate::token::{FencingToken, Token};
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying, spawn_release};
+use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_by_token, eval_retrying, spawn_release};
 
 /// A distributed mutual-exclusion lock on one Redis key.
 ///
@@ -546,23 +546,7 @@ impl Mutex {
     pub async fn release_token(&self, token: &Token) -> Result<()> {
         let s = &*self.shared;
         let call = self.release_call(token);
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "release",
-            call.script,
-            &call.cmd(),
-            None,
-            None,
-        )
-        .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+        eval_by_token(&s.client, &s.name, s.key(), "release", call.script, &call.cmd()).await
     }
 
     /// Sets the remaining lease of the lock held by `token` to `ttl`.

@@ -13,7 +13,7 @@ use crate::keys::{self, LockKeys};
 use crate::lease::{Lease, LostReason, ScriptCall};
 use crate::scripts::{SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_STATUS, array, int, opt_string};
 use crate::token::Token;
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying};
+use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_by_token, eval_retrying};
 
 /// The largest permit limit a semaphore accepts.
 pub const MAX_PERMITS: u32 = 1_000_000;
@@ -396,23 +396,15 @@ impl Semaphore {
         self.check_count(n)?;
         let s = &*self.shared;
         let call = self.release_call(token, &n.to_string().into());
-        let reply = eval_retrying(
+        eval_by_token(
             &s.client,
             &s.name,
             &s.keys[0],
             "release",
             call.script,
             &call.cmd(),
-            None,
-            None,
         )
-        .await?;
-        match int(&reply) {
-            Some(1) => Ok(()),
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+        .await
     }
 
     /// How many permits are in use and free, and how many processes wait.

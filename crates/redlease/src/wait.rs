@@ -43,6 +43,26 @@ pub(crate) async fn eval_retrying(
     .await
 }
 
+/// Runs a by-token script that replies 1 when the token holds the lock (release or
+/// extend by a token from outside a guard), retrying as [`eval_retrying`] does; any
+/// other reply is [`Error::NotHeld`].
+pub(crate) async fn eval_by_token(
+    client: &ClientInner,
+    name: &str,
+    key: &str,
+    op: &'static str,
+    script: &LuaScript,
+    cmd: &Cmd,
+) -> Result<()> {
+    let reply = eval_retrying(client, name, key, op, script, cmd, None, None).await?;
+    match crate::scripts::int(&reply) {
+        Some(1) => Ok(()),
+        _ => Err(Error::NotHeld {
+            name: name.to_owned(),
+        }),
+    }
+}
+
 /// Runs `send` — an idempotent request — retrying it as [`eval_retrying`] does.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn retrying<T, F, Fut>(
