@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn every_command_the_scripts_call_is_granted() {
         let mut called = std::collections::BTreeSet::new();
-        for script in crate::scripts::all() {
+        for script in crate::script::all() {
             let code = script.code();
             for (i, _) in code.match_indices("call('") {
                 let rest = &code[i + "call('".len()..];

@@ -3,117 +3,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::conn::{Batching, CommandConnection};
+use crate::engine::context::{Context, Settings};
+use crate::engine::notify::{Notifier, PubSubConnector};
 use crate::error::{Error, Result};
 use crate::fair::FairMutex;
 use crate::keys;
 use crate::legacy::{LegacyLock, LegacyOptions};
 use crate::mutex::Mutex;
-use crate::notify::{Notifier, PubSubConnector};
-use crate::renewer::Renewer;
-use crate::replicas::ReplicaAck;
+use crate::options::{
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, LeaseOptions,
+};
+use crate::redlock::Redlock;
 use crate::rwlock::RwLock;
 use crate::semaphore::Semaphore;
-use crate::sentinel::SentinelConnection;
-use crate::topology::{Deployment, Topology};
-
-/// Default lease length.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// Default key prefix.
-pub const DEFAULT_PREFIX: &str = "redlease:";
-/// Default time a lock's metadata (fencing mark, owner, release record) outlives the lease.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
-/// Default time a request that may have failed temporarily is retried.
-pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(3);
-/// Default per-command reply timeout of the connection redlease opens itself.
-pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Settings shared by every lock a client hands out.
-#[derive(Debug)]
-pub(crate) struct ClientInner {
-    pub conn: Arc<dyn CommandConnection>,
-    pub notifier: Notifier,
-    /// In-process queues of the plain mutexes, by lock key.
-    pub locals: crate::local::Registry<crate::mutex::HandedLock>,
-    pub renewer: Renewer,
-    pub prefix: String,
-    pub label: Arc<str>,
-    /// Metadata retention in milliseconds, as the script argument.
-    pub retention_arg: Arc<str>,
-    /// `PUBLISH` or `SPUBLISH`, as the script argument.
-    pub publish: Arc<str>,
-    /// How long a waiter waits for its subscription to be confirmed before polling.
-    pub subscribe_timeout: Duration,
-    /// For how long a request that failed in a way that may be temporary (timeout,
-    /// broken connection) is retried before the error is returned.
-    pub retry_window: Duration,
-    /// Standalone, Sentinel or Cluster, and what that changes.
-    pub topology: Topology,
-}
-
-impl std::fmt::Debug for dyn CommandConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CommandConnection")
-    }
-}
-
-/// Options for one lock: how long its leases last and whether they renew themselves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LeaseOptions {
-    /// Lease length (default 30 s). The lock frees itself this long after its holder
-    /// stops renewing it.
-    pub ttl: Duration,
-    /// Renew the lease every `ttl / 3` until it is released (default `true`).
-    pub auto_renew: bool,
-    /// Wait for replicas to acknowledge each acquire and extend (default: off, no
-    /// `WAIT` is sent). See [`ReplicaAck`].
-    pub replica_ack: Option<ReplicaAck>,
-}
-
-impl Default for LeaseOptions {
-    fn default() -> Self {
-        LeaseOptions {
-            ttl: DEFAULT_TTL,
-            auto_renew: true,
-            replica_ack: None,
-        }
-    }
-}
-
-impl LeaseOptions {
-    /// The defaults: 30 s leases with auto-renewal.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Sets the lease length (at least 10 ms, at most 30 days; checked when the lock is made).
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Turns auto-renewal on or off. Without it the lease ends `ttl` after it was
-    /// acquired (or last extended) unless the holder calls `extend`.
-    pub fn auto_renew(mut self, on: bool) -> Self {
-        self.auto_renew = on;
-        self
-    }
-
-    /// After each acquire and extend, waits for replicas as `policy` says (checked when
-    /// the lock is made). See [`ReplicaAck`] for what this does and does not protect.
-    pub fn replica_ack(mut self, policy: ReplicaAck) -> Self {
-        self.replica_ack = Some(policy);
-        self
-    }
-
-    /// Shorthand for `replica_ack(ReplicaAck::new(replicas))`: `replicas` replicas must
-    /// acknowledge each acquire and extend within 500 ms, or the lock is released and
-    /// the call fails with [`Error::NotReplicated`]. (The CLI's `--wait-replicas K`.)
-    pub fn wait_replicas(self, replicas: u32) -> Self {
-        self.replica_ack(ReplicaAck::new(replicas))
-    }
-}
+use crate::transport::sentinel::SentinelConnection;
+use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 
 /// The entry point: hands out locks that share one command connection, one wake-up
 /// connection and one renewal task.
@@ -134,7 +38,7 @@ impl LeaseOptions {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    pub(crate) inner: Arc<ClientInner>,
+    pub(crate) ctx: Arc<Context>,
 }
 
 impl Client {
@@ -288,11 +192,7 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<Mutex> {
-        keys::ttl_ms(name, options.ttl)?;
-        if let Some(policy) = &options.replica_ack {
-            policy.validate(name, options.ttl, self.inner.topology.response_timeout)?;
-        }
-        Mutex::new(self.inner.clone(), name, options)
+        Mutex::new(self.ctx.clone(), name, options)
     }
 
     /// A lock in the old `SETNX <unix time + timeout + 1>` format at key
@@ -304,7 +204,7 @@ impl Client {
     /// [`Error::InvalidName`], [`Error::InvalidTtl`] (with seconds, the timeout must be
     /// a whole number of seconds) or [`Error::InvalidArgument`] (a zero poll interval).
     pub fn legacy_lock(&self, name: &str, options: LegacyOptions) -> Result<LegacyLock> {
-        LegacyLock::new(self.inner.clone(), name, options)
+        LegacyLock::new(self.ctx.clone(), name, options)
     }
 
     /// A fair (FIFO) mutex at key `<prefix><name>` with default options (30 s lease,
@@ -324,7 +224,7 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn fair_mutex_with(&self, name: &str, options: LeaseOptions) -> Result<FairMutex> {
-        FairMutex::new(self.inner.clone(), name, options)
+        FairMutex::new(self.ctx.clone(), name, options)
     }
 
     /// A writer-preferring read-write lock with default options (30 s leases,
@@ -343,7 +243,7 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn rwlock_with(&self, name: &str, options: LeaseOptions) -> Result<RwLock> {
-        RwLock::new(self.inner.clone(), name, options)
+        RwLock::new(self.ctx.clone(), name, options)
     }
 
     /// A semaphore of `limit` permits with default options (30 s leases, auto-renew).
@@ -363,23 +263,23 @@ impl Client {
     ///
     /// [`Error::InvalidName`], [`Error::InvalidTtl`] or [`Error::InvalidArgument`].
     pub fn semaphore_with(&self, name: &str, limit: u32, options: LeaseOptions) -> Result<Semaphore> {
-        Semaphore::new(self.inner.clone(), name, limit, options)
+        Semaphore::new(self.ctx.clone(), name, limit, options)
     }
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        &self.inner.prefix
+        &self.ctx.prefix
     }
 
     /// The owner label stored beside every lock this client holds.
     pub fn owner_label(&self) -> &str {
-        &self.inner.label
+        &self.ctx.label
     }
 
     /// Counters of this client's background renewal work.
     pub fn stats(&self) -> ClientStats {
         use std::sync::atomic::Ordering::Relaxed;
-        let c = self.inner.renewer.counters();
+        let c = self.ctx.renewer.counters();
         ClientStats {
             renewal_ticks: c.ticks.load(Relaxed),
             renewal_round_trips: c.round_trips.load(Relaxed),
@@ -529,7 +429,7 @@ impl ClientBuilder {
     pub async fn build(self) -> Result<Client> {
         // rustls needs a process-wide crypto provider before any rediss:// connection.
         #[cfg(feature = "tls")]
-        crate::tls::install_crypto_provider();
+        crate::transport::tls::install_crypto_provider();
         if self.retention > keys::MAX_TTL {
             return Err(Error::Config {
                 reason: "metadata retention may be at most 30 days".into(),
@@ -569,7 +469,7 @@ impl ClientBuilder {
                         Arc::new(manager)
                     }
                 };
-                crate::scripts::preload(&*conn).await;
+                crate::script::preload(&*conn, false).await;
                 let connector: PubSubConnector = Arc::new(move || {
                     let redis = redis.clone();
                     Box::pin(async move { redis.get_async_pubsub().await })
@@ -590,20 +490,19 @@ impl ClientBuilder {
                     // A caller's connection routes by slot only: batch per slot.
                     Some(conn) => (conn, Batching::PerSlot),
                     None => {
-                        let client =
-                            crate::cluster::command_client(&nodes, self.response_timeout).map_err(|e| {
-                                Error::Config {
-                                    reason: "invalid redis cluster settings".into(),
-                                    source: Some(e),
-                                }
+                        let client = crate::transport::cluster::command_client(&nodes, self.response_timeout)
+                            .map_err(|e| Error::Config {
+                                reason: "invalid redis cluster settings".into(),
+                                source: Some(e),
                             })?;
                         let cluster = client.get_async_connection().await.map_err(unreachable)?;
-                        let batching = Batching::PerNode(crate::cluster::NodeBatcher::new(cluster.clone()));
+                        let batching =
+                            Batching::PerNode(crate::transport::cluster::NodeBatcher::new(cluster.clone()));
                         (Arc::new(cluster), batching)
                     }
                 };
-                crate::cluster::preload(&*conn).await;
-                let (wake, pushes) = crate::cluster::wake_connection(&nodes)
+                crate::script::preload(&*conn, true).await;
+                let (wake, pushes) = crate::transport::cluster::wake_connection(&nodes)
                     .await
                     .map_err(unreachable)?;
                 (
@@ -632,7 +531,7 @@ impl ClientBuilder {
                     Some(conn) => conn,
                     None => Arc::new(sentinel.clone()),
                 };
-                crate::scripts::preload(&*conn).await;
+                crate::script::preload(&*conn, false).await;
                 let connector: PubSubConnector = Arc::new(move || {
                     let sentinel = sentinel.clone();
                     Box::pin(async move { sentinel.pubsub().await })
@@ -649,22 +548,17 @@ impl ClientBuilder {
             deployment,
             response_timeout,
         };
-        let inner = ClientInner {
-            notifier,
-            locals: Default::default(),
-            renewer: Renewer::spawn(conn.clone(), batching),
+        let ctx = Context::new(Settings {
             conn,
+            batching,
+            notifier,
             prefix: self.prefix,
-            label: self.label.unwrap_or_else(default_label).into(),
-            retention_arg: self.retention.as_millis().to_string().into(),
-            publish: topology.publish_command().into(),
-            subscribe_timeout: Duration::from_secs(1),
+            label: self.label.unwrap_or_else(default_label),
+            retention: self.retention,
             retry_window: self.retry_window,
             topology,
-        };
-        Ok(Client {
-            inner: Arc::new(inner),
-        })
+        });
+        Ok(Client { ctx })
     }
 }
 
@@ -702,5 +596,83 @@ fn tls_hint(redis: &redis::Client, err: &redis::RedisError) -> &'static str {
         "; if the server requires TLS, use a rediss:// url"
     } else {
         ""
+    }
+}
+
+/// Building a Redlock from clients, one per master (the public face makes the
+/// clients; the Redlock itself only needs what they share with their locks).
+impl Redlock {
+    /// A Redlock over the masters behind `clients`, one client per master.
+    ///
+    /// Every client must have been built for a different, independent master (this
+    /// cannot be checked) with the same key prefix (this is). An odd number of at
+    /// least three masters is the sensible choice; one master degenerates to a plain
+    /// lock without fencing, two need both.
+    ///
+    /// `Client::connect` fails for a master that is down; use
+    /// [`connect`](Redlock::connect) to start while a minority is down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an empty list, the same client given twice, or differing
+    /// key prefixes.
+    pub fn new(clients: Vec<Client>) -> Result<Redlock> {
+        Redlock::from_contexts(clients.into_iter().map(|c| c.ctx).collect())
+    }
+
+    /// Connects to one master per `redis::Client` with the default client settings,
+    /// tolerating masters that are down: their connections are made when they come
+    /// back. Build the `redis::Client`s with [`TlsOptions::redis_client`](crate::TlsOptions::redis_client)
+    /// for TLS.
+    ///
+    /// Returns once every master was tried once: at once for masters that answer or
+    /// refuse the connection, after up to twice the 2 s connect timeout for one that
+    /// does not answer at all.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Redlock::new).
+    pub async fn connect(masters: Vec<redis::Client>) -> Result<Redlock> {
+        Self::connect_with(masters, |builder| builder).await
+    }
+
+    /// As [`connect`](Redlock::connect), with each master's [`ClientBuilder`] passed
+    /// through `configure` first (to set the prefix, owner label, ...). The command
+    /// connection is always redlease's own, so
+    /// [`connection`](ClientBuilder::connection) and
+    /// [`response_timeout`](ClientBuilder::response_timeout) are ignored; every request
+    /// to a master is bounded by the [node timeout](Redlock::node_timeout) instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Redlock::new), and the errors of [`ClientBuilder::build`].
+    pub async fn connect_with(
+        masters: Vec<redis::Client>,
+        configure: impl Fn(ClientBuilder) -> ClientBuilder,
+    ) -> Result<Redlock> {
+        let builds = masters.into_iter().map(|redis| {
+            // A lazy connection: a master that is down now does not fail the Redlock.
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(DEFAULT_RESPONSE_TIMEOUT))
+                .set_connection_timeout(Some(Duration::from_secs(2)))
+                .set_number_of_retries(1);
+            let manager = redis::aio::ConnectionManager::new_lazy_with_config(redis.clone(), config);
+            let builder = configure(Client::builder(redis.clone()));
+            async move {
+                let manager = manager.map_err(|e| Error::Config {
+                    reason: format!(
+                        "cannot set up the connection to redis master {}",
+                        redis.get_connection_info().addr()
+                    ),
+                    source: Some(e),
+                })?;
+                builder.connection(manager).build().await
+            }
+        });
+        let clients = futures_util::future::join_all(builds)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        Redlock::new(clients)
     }
 }

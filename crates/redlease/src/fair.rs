@@ -1,21 +1,20 @@
 //! The fair mutex: waiters acquire in arrival order.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::client::{ClientInner, LeaseOptions};
+use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::context::Context;
+use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::guard::{GuardCore, LockBase, guard_surface};
+use crate::engine::heartbeat::{Heartbeat, waiter_id};
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
-use crate::held::{Heartbeat, Held, bad_reply, ms, start_lease, waiter_id};
 use crate::keys::{self, LockKeys};
-use crate::lease::{Lease, LostReason, ScriptCall};
-use crate::scripts::{
-    FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, array, int, opt_string,
-};
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, holder, int, ms, opt_string};
+use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, ScriptCall};
 use crate::token::{FencingToken, Token};
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_by_token, eval_retrying};
 
 /// Default time a waiter's place in the queue survives without a heartbeat (capped at
 /// the lease TTL).
@@ -79,8 +78,7 @@ pub struct FairMutex {
 
 #[derive(Clone, Debug)]
 struct FairShared {
-    client: Arc<ClientInner>,
-    name: Arc<str>,
+    base: LockBase,
     /// `[lock, meta, queue, alive]`: acquire and status.
     keys: Arc<[Arc<str>]>,
     /// `[lock, meta]`: the plain mutex's extend script renews the holder.
@@ -91,16 +89,9 @@ struct FairShared {
     channel_prefix: Arc<str>,
     /// The plain mutex's channel, `{<key>}:wake`.
     plain_channel: Arc<str>,
-    options: LeaseOptions,
     ttl_arg: Arc<str>,
     waiter_ttl: Duration,
     waiter_ttl_arg: Arc<str>,
-}
-
-impl FairShared {
-    fn key(&self) -> &str {
-        &self.keys[0]
-    }
 }
 
 /// What [`FairMutex::status`] reports. Never contains a token.
@@ -118,7 +109,7 @@ pub struct FairMutexStatus {
     /// The highest fencing token issued for this lock within the metadata retention.
     pub last_fence: Option<FencingToken>,
     /// When the holder acquired the lock (Redis server time), when known.
-    pub since: Option<SystemTime>,
+    pub since: Option<std::time::SystemTime>,
     /// How many live waiters are queued (each waiting task counts).
     pub queue_len: u64,
     /// The owner labels of the first 100 live waiters, in the order they will be served.
@@ -126,10 +117,11 @@ pub struct FairMutexStatus {
 }
 
 impl FairMutex {
-    pub(crate) fn new(client: Arc<ClientInner>, name: &str, options: LeaseOptions) -> Result<Self> {
-        let keys = LockKeys::new(&client.prefix, name)?;
+    pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
+        let keys = LockKeys::new(&ctx.prefix, name)?;
+        let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
-        let lock: Arc<str> = keys.key.as_str().into();
+        let lock = base.key.clone();
         let meta: Arc<str> = keys.aux("meta").into();
         let queue: Arc<str> = keys.aux("queue").into();
         let alive: Arc<str> = keys.aux("alive").into();
@@ -141,9 +133,7 @@ impl FairMutex {
                 queue_keys: Arc::new([lock, queue, alive]),
                 channel_prefix: keys.aux("wake:").into(),
                 plain_channel: keys.aux("wake").into(),
-                name: name.into(),
-                client,
-                options,
+                base,
                 ttl_arg: ttl_ms.to_string().into(),
                 waiter_ttl,
                 waiter_ttl_arg: (waiter_ttl.as_millis() as u64).to_string().into(),
@@ -153,16 +143,18 @@ impl FairMutex {
 
     /// Sets how long a waiter's place survives without a heartbeat: the longest a
     /// crashed or hung waiter can hold up those behind it (plus one heartbeat interval,
-    /// a third of it). Heartbeats cost one small script call per waiter per interval.
+    /// a third of it). Capped at the lock's lease TTL. Heartbeats cost one small script
+    /// call per waiter per interval.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidTtl`] for a TTL out of range (10 ms ..= 30 days).
     pub fn with_waiter_ttl(self, ttl: Duration) -> Result<Self> {
-        let ttl_ms = keys::ttl_ms(&self.shared.name, ttl)?;
+        keys::ttl_ms(&self.shared.base.name, ttl)?;
+        let ttl = ttl.min(self.shared.base.options.ttl);
         let mut shared = Arc::unwrap_or_clone(self.shared);
         shared.waiter_ttl = ttl;
-        shared.waiter_ttl_arg = ttl_ms.to_string().into();
+        shared.waiter_ttl_arg = (ttl.as_millis() as u64).to_string().into();
         Ok(FairMutex {
             shared: Arc::new(shared),
         })
@@ -170,17 +162,17 @@ impl FairMutex {
 
     /// The lock's name (without the prefix).
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared.base.name
     }
 
     /// The Redis key of the lock: `<prefix><name>`, as for the plain mutex.
     pub fn key(&self) -> &str {
-        self.shared.key()
+        &self.shared.base.key
     }
 
     /// The lease options of this lock.
     pub fn options(&self) -> LeaseOptions {
-        self.shared.options
+        self.shared.base.options
     }
 
     /// How long a waiter's place survives without a heartbeat.
@@ -202,7 +194,7 @@ impl FairMutex {
     /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
     /// used (after retrying temporary failures for the client's retry window).
     pub async fn try_lock(&self) -> Result<FairMutexGuard> {
-        self.acquire(None, |_| {}).await
+        self.acquire(Wait::Try, |_| {}).await
     }
 
     /// Takes the lock in turn, waiting as long as it takes.
@@ -223,7 +215,7 @@ impl FairMutex {
     /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
     /// used (after retrying temporary failures for the client's retry window).
     pub async fn lock(&self) -> Result<FairMutexGuard> {
-        self.acquire(Some(None), |_| {}).await
+        self.acquire(Wait::FOREVER, |_| {}).await
     }
 
     /// Takes the lock in turn, waiting at most `timeout`; a waiter that times out
@@ -238,7 +230,7 @@ impl FairMutex {
     /// [`Error::Timeout`] when the lock was not acquired in time, and the errors of
     /// [`lock`](FairMutex::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<FairMutexGuard> {
-        self.acquire(Some(Some(Instant::now() + timeout)), |_| {}).await
+        self.acquire(Wait::timeout(timeout), |_| {}).await
     }
 
     /// As [`lock`](FairMutex::lock) (`timeout: None`) or
@@ -262,19 +254,15 @@ impl FairMutex {
         timeout: Option<Duration>,
         on_position: impl FnMut(u64) + Send,
     ) -> Result<FairMutexGuard> {
-        self.acquire(Some(timeout.map(|t| Instant::now() + t)), on_position)
-            .await
+        self.acquire(Wait::optional(timeout), on_position).await
     }
 
-    async fn acquire(
-        &self,
-        wait: Option<Option<Instant>>,
-        on_position: impl FnMut(u64) + Send,
-    ) -> Result<FairMutexGuard> {
+    async fn acquire(&self, wait: Wait, on_position: impl FnMut(u64) + Send) -> Result<FairMutexGuard> {
         let s = &*self.shared;
+        let ctx = &s.base.ctx;
         let token = Token::generate();
         let id = waiter_id();
-        let member: Arc<str> = format!("{id}:{}", s.client.label).into();
+        let member: Arc<str> = format!("{id}:{}", ctx.label).into();
         let channel = format!("{}{id}", s.channel_prefix);
         let cmd = FAIR_ACQUIRE.evalsha(
             &s.keys,
@@ -282,122 +270,88 @@ impl FairMutex {
                 token.expose(),
                 &member,
                 &s.ttl_arg,
-                &s.client.label,
-                &s.client.retention_arg,
+                &ctx.label,
+                &ctx.retention_arg,
                 &s.waiter_ttl_arg,
-                if wait.is_some() { "1" } else { "0" },
+                if wait.waits() { "1" } else { "0" },
                 &s.channel_prefix,
-                &s.client.publish,
+                &ctx.publish,
             ],
             None,
         );
-        // Leaving removes the lock an attempt may have taken and our queue entry.
-        let leave = self.release_call(&token, member.clone());
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            leave.clone(),
-            s.options.ttl.max(s.waiter_ttl),
-        );
         let heartbeat = Heartbeat::new(
-            s.client.clone(),
-            &s.name,
+            ctx.clone(),
+            &s.base.name,
             s.waiter_ttl,
             ScriptCall::new(
                 &FAIR_HEARTBEAT,
                 s.queue_keys.clone(),
-                Arc::new([member, s.channel_prefix.clone(), s.client.publish.clone()]),
+                Arc::new([member.clone(), s.channel_prefix.clone(), ctx.publish.clone()]),
             ),
-            leave,
         );
-        let spec = WaitSpec {
-            client: &s.client,
-            name: &s.name,
+        let spec = Acquire {
+            script: &FAIR_ACQUIRE,
+            cmd: &cmd,
             channel: &channel,
             wait,
-            fallback: s.options.ttl,
+            // Leaving removes the lock an attempt may have taken and our queue entry.
+            undo: self.release_call(&token, member),
+            undo_ttl: s.base.options.ttl.max(s.waiter_ttl),
+            renew: ScriptCall::new(
+                &MUTEX_EXTEND,
+                s.lock_keys.clone(),
+                Arc::new([token.shared(), ctx.retention_arg.clone()]),
+            ),
+            release: self.release_call(&token, "".into()),
+            token,
         };
-        let position = std::sync::Mutex::new((None::<u64>, on_position));
-        let (pending_ref, heartbeat_ref, cmd_ref, token_ref, position_ref) =
-            (&pending, &heartbeat, &cmd, &token, &position);
-        let (fence, lease) = acquire_loop(spec, move |deadline| async move {
-            pending_ref.arm();
-            let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                s.key(),
-                "acquire",
-                &FAIR_ACQUIRE,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await?;
-            if let Some(fence) = int(&reply) {
-                return Ok(Attempt::Acquired((
-                    fence as u64,
-                    self.new_lease(token_ref, sent, s.options.ttl),
-                )));
-            }
-            match array(&reply).unwrap_or_default() {
-                [flag, fence, pttl] if int(flag) == Some(1) => {
-                    let fence = int(fence).ok_or_else(|| bad_reply(&s.name, "acquire"))? as u64;
-                    let remaining = ms(int(pttl)).unwrap_or(s.options.ttl);
-                    Ok(Attempt::Acquired((
-                        fence,
-                        self.new_lease(token_ref, sent, remaining),
-                    )))
+        let ttl = s.base.options.ttl;
+        let position = StdMutex::new((None::<u64>, on_position));
+        let core = s
+            .base
+            .acquire(spec, |reply, sent| {
+                if let Some(fence) = int(reply) {
+                    return Ok(Reply::Acquired {
+                        fence: Some(fence as u64),
+                        remaining: ttl,
+                    });
                 }
-                [flag, pttl, place, joined] if int(flag) == Some(0) => {
-                    match int(place) {
-                        Some(place) if place >= 0 => {
-                            heartbeat_ref.joined(sent, int(joined) == Some(1));
-                            let mut report = position_ref.lock().expect("position lock");
+                let bad = || s.base.op("acquire").bad_reply();
+                match array(reply).unwrap_or_default() {
+                    [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
+                        fence: Some(int(fence).ok_or_else(bad)? as u64),
+                        remaining: ms(int(pttl)).unwrap_or(ttl),
+                    }),
+                    [flag, pttl, place, joined] if int(flag) == Some(0) => {
+                        let place = int(place).and_then(|p| u64::try_from(p).ok());
+                        if let Some(place) = place {
+                            heartbeat.joined(sent, int(joined) == Some(1));
+                            let mut report = position.lock().expect("position lock");
                             let (last, on_position) = &mut *report;
-                            if *last != Some(place as u64) {
-                                *last = Some(place as u64);
-                                on_position(place as u64);
+                            if *last != Some(place) {
+                                *last = Some(place);
+                                on_position(place);
                             }
                         }
-                        // Only tried: nothing was queued.
-                        _ => pending_ref.answered_no(),
+                        Ok(Reply::Busy {
+                            busy: Busy {
+                                remaining: ms(int(pttl)),
+                                pass_on: false,
+                            },
+                            // Queued: leaving must remove the entry.
+                            queued: place.is_some(),
+                        })
                     }
-                    Ok(Attempt::Busy {
-                        remaining: ms(int(pttl)),
-                    })
+                    _ => Err(bad()),
                 }
-                _ => Err(bad_reply(&s.name, "acquire")),
-            }
-        })
-        .await?;
+            })
+            .await?;
         heartbeat.stop();
-        pending.disarm();
-        tracing::debug!(lock = %s.name, fence, "fair lock acquired");
         Ok(FairMutexGuard {
-            held: Held::new(s.client.clone(), s.name.clone(), s.keys[0].clone(), token, lease),
+            fence: core.fence().unwrap_or(FencingToken::new(0)),
+            core,
             mutex: self.clone(),
-            fence: FencingToken::new(fence),
         })
-    }
-
-    fn new_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
-        let s = &*self.shared;
-        let renew = ScriptCall::new(
-            &MUTEX_EXTEND,
-            s.lock_keys.clone(),
-            Arc::new([token.shared(), s.client.retention_arg.clone()]),
-        );
-        start_lease(
-            &s.client,
-            &s.name,
-            sent,
-            s.options.ttl,
-            remaining,
-            renew,
-            self.release_call(token, "".into()),
-            s.options.auto_renew,
-        )
     }
 
     fn release_call(&self, token: &Token, member: Arc<str>) -> ScriptCall {
@@ -409,7 +363,7 @@ impl FairMutex {
                 token.shared(),
                 member,
                 s.channel_prefix.clone(),
-                s.client.publish.clone(),
+                s.base.ctx.publish.clone(),
                 s.plain_channel.clone(),
             ]),
         )
@@ -426,12 +380,15 @@ impl FairMutex {
     /// [`Error::NotHeld`] when the token does not hold the lock (nothing is changed),
     /// and Redis errors.
     pub async fn release_token(&self, token: &Token) -> Result<()> {
-        let s = &*self.shared;
         let call = self.release_call(token, "".into());
-        eval_by_token(&s.client, &s.name, s.key(), "release", call.script, &call.cmd()).await
+        self.shared
+            .base
+            .by_token("release", &call.cmd(), call.script, None)
+            .await
     }
 
-    /// Sets the remaining lease of the lock held by `token` to `ttl`.
+    /// Makes the lease of the lock held by `token` last at least `ttl` from now (it is
+    /// never shortened).
     ///
     /// # Cancel safety
     ///
@@ -440,16 +397,20 @@ impl FairMutex {
     /// # Errors
     ///
     /// [`Error::InvalidTtl`], [`Error::NotHeld`] when the token does not hold the lock
-    /// (nothing is changed), and Redis errors.
+    /// (nothing is changed), [`Error::NotReplicated`] as for
+    /// [`FairMutexGuard::extend`], and Redis errors.
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
-        let ttl_ms = keys::ttl_ms(&s.name, ttl)?;
+        let ttl_ms = s.base.ttl_ms(ttl)?;
         let cmd = MUTEX_EXTEND.evalsha(
             &s.lock_keys,
-            &[token.expose(), &s.client.retention_arg],
+            &[token.expose(), &s.base.ctx.retention_arg],
             Some(ttl_ms),
         );
-        eval_by_token(&s.client, &s.name, s.key(), "extend", &MUTEX_EXTEND, &cmd).await
+        let release = self.release_call(token, "".into());
+        s.base
+            .by_token("extend", &cmd, &MUTEX_EXTEND, Some(&release))
+            .await
     }
 
     /// Who holds the lock, its fencing tokens, and who waits in which order.
@@ -465,32 +426,23 @@ impl FairMutex {
     /// [`Error::WrongType`] when a key is not a lock's, and Redis errors.
     pub async fn status(&self) -> Result<FairMutexStatus> {
         let s = &*self.shared;
+        let op = s.base.op("status");
         let cmd = FAIR_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "status",
-            &FAIR_STATUS,
-            &cmd,
-            None,
-            None,
-        )
-        .await?;
-        let items = array(&reply).ok_or_else(|| bad_reply(&s.name, "status"))?;
-        let [held, pttl, label, fence, since, last, waiting, labels] = items else {
-            return Err(bad_reply(&s.name, "status"));
+        let reply = op.eval(&FAIR_STATUS, &cmd, Deadline::Never, None).await?;
+        let items = array(&reply).ok_or_else(|| op.bad_reply())?;
+        let (Some(h), [.., waiting, labels]) = (holder(items), items) else {
+            return Err(op.bad_reply());
         };
-        let fence_of = |v: &redis::Value| opt_string(v).and_then(|x| x.parse().ok()).map(FencingToken::new);
+        if items.len() != 8 {
+            return Err(op.bad_reply());
+        }
         Ok(FairMutexStatus {
-            held: int(held) == Some(1),
-            owner: opt_string(label),
-            remaining: ms(int(pttl)),
-            fence: fence_of(fence),
-            last_fence: fence_of(last),
-            since: opt_string(since)
-                .and_then(|x| x.parse::<u64>().ok())
-                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+            held: h.held,
+            owner: h.owner,
+            remaining: h.remaining,
+            fence: h.fence,
+            last_fence: h.last_fence,
+            since: h.since,
             queue_len: int(waiting).unwrap_or(0).max(0) as u64,
             queue: array(labels)
                 .unwrap_or_default()
@@ -518,20 +470,16 @@ impl FairMutex {
 #[must_use = "dropping the guard releases the lock"]
 #[derive(Debug)]
 pub struct FairMutexGuard {
-    held: Held,
-    mutex: FairMutex,
+    core: GuardCore,
     fence: FencingToken,
+    mutex: FairMutex,
 }
 
-impl FairMutexGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.mutex.name()
-    }
+guard_surface!(FairMutexGuard, "this guard holds", fence: |g| Some(g.fence));
 
-    /// The lock's Redis key.
-    pub fn key(&self) -> &str {
-        self.mutex.key()
+impl FairMutexGuard {
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The fair mutex this guard holds.
@@ -543,51 +491,6 @@ impl FairMutexGuard {
     /// earlier acquisition of the same lock, fair or plain.
     pub fn fence(&self) -> FencingToken {
         self.fence
-    }
-
-    /// The secret token stored in the lock key. Needed only to hand the lock to another
-    /// process; never log it.
-    pub fn token(&self) -> &Token {
-        self.held.token()
-    }
-
-    /// The lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        self.held.lease()
-    }
-
-    /// Until when the holder may rely on the lock (see [`Lease::valid_until`]).
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.held.lease().valid_until()
-    }
-
-    /// Whether the lease is still valid: not lost, and not past `valid_until`.
-    pub fn is_held(&self) -> bool {
-        self.held.lease().is_held()
-    }
-
-    /// Completes when the lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.held.lease().lost().await
-    }
-
-    /// Sets the remaining lease to `ttl`, from now. Auto-renewal (if on) continues with
-    /// the new TTL.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lease; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lease was already lost (the
-    /// guard then reports [`LostReason::Gone`]); Redis errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl).await
     }
 
     /// Releases the lock (compare-and-delete) and wakes the next waiter in the queue.
@@ -603,17 +506,13 @@ impl FairMutexGuard {
     /// have overlapped another holder's; Redis errors (the release is then retried in
     /// the background until the lease would have expired).
     pub async fn release(self) -> Result<()> {
-        let fence = self.fence;
-        let name = self.mutex.shared.name.clone();
-        self.held.release().await?;
-        tracing::debug!(lock = %name, %fence, "fair lock released");
-        Ok(())
+        self.core.release().await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the lock stays held
     /// until its lease runs out or someone releases it with the returned token
     /// ([`FairMutex::release_token`]).
     pub fn forget(self) -> Token {
-        self.held.forget()
+        self.core.forget()
     }
 }

@@ -82,30 +82,6 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     (close > 0).then(|| &key[open + 1..open + 1 + close])
 }
 
-/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (or of the whole key),
-/// modulo 16384.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(close) if close > 0 => &key[open + 1..open + 1 + close],
-            _ => key,
-        },
-        None => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in hashed {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 /// Checks a lease length and returns it in whole milliseconds.
 pub(crate) fn ttl_ms(name: &str, ttl: Duration) -> Result<u64> {
     let invalid = |reason| Error::InvalidTtl {
@@ -130,7 +106,7 @@ mod tests {
     use super::*;
 
     fn slot(key: &str) -> u16 {
-        key_slot(key.as_bytes())
+        crate::transport::key_slot(key.as_bytes())
     }
 
     #[test]
@@ -161,22 +137,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    #[test]
-    fn slots_match_redis() {
-        // The examples of Redis's CLUSTER KEYSLOT documentation.
-        assert_eq!(key_slot(b"somekey"), 11058);
-        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        // And redis-rs's own routing, for a spread of keys.
-        for i in 0..1000 {
-            let key = format!("redlease:lock-{i}");
-            let theirs = format!("{:?}", redis::cluster_routing::Slot::for_key(&key));
-            assert_eq!(theirs, format!("Slot({})", key_slot(key.as_bytes())));
-        }
-        assert_eq!(key_slot(b"a{}b"), key_slot(b"a{}b")); // empty tag: the whole key
-        assert_ne!(key_slot(b"a{}b"), key_slot(b""));
     }
 
     #[test]

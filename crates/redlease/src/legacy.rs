@@ -1,27 +1,30 @@
 //! The legacy timestamp lock: taking part in the same lock as old clients that use
-//! `SETNX lock.foo <unix time + timeout + 1>` and `GET` + `GETSET` takeover.
+//! `SETNX lock.foo <unix time + timeout + 1>` and `GET` + `GETSET` takeover — the
+//! locking pattern once documented on the Redis `SETNX` page.
 //!
-//! An interop mode for teams migrating away from that protocol (seeds 000 and 004),
-//! never the default. Use [`Mutex`](crate::Mutex) for everything else.
+//! An interop mode for teams migrating away from that protocol, never the default.
+//! Use [`Mutex`](crate::Mutex) for everything else.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::client::ClientInner;
+use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::context::Context;
+use crate::engine::deadline::Wait;
+use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::error::{Error, Result};
-use crate::keys::{self, LockKeys};
-use crate::lease::{Lease, LeaseShared, LostReason, ScriptCall};
-use crate::scripts::{LEGACY_ACQUIRE, LEGACY_RELEASE, LEGACY_RENEW, array, int};
+use crate::keys::LockKeys;
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, int};
+use crate::script::{LEGACY_ACQUIRE, LEGACY_RELEASE, LEGACY_RENEW, ScriptCall};
 use crate::token::Token;
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying, spawn_release};
 
 /// The resolution of the timestamp stored in a legacy lock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TimestampUnit {
-    /// Unix seconds, as the seed articles write it: `SETNX lock.foo <now + timeout + 1>`.
+    /// Unix seconds, as the locking pattern of the Redis `SETNX` documentation writes
+    /// it: `SETNX lock.foo <now + timeout + 1>`.
     #[default]
     Seconds,
     /// Unix milliseconds, for old clients that store `now_ms + timeout_ms + 1`.
@@ -101,7 +104,7 @@ impl LegacyOptions {
 
 /// Checks a timeout for `unit` and returns it in milliseconds.
 fn timeout_ms(name: &str, unit: TimestampUnit, timeout: Duration) -> Result<u64> {
-    let ms = keys::ttl_ms(name, timeout)?;
+    let ms = crate::keys::ttl_ms(name, timeout)?;
     if unit == TimestampUnit::Seconds && (timeout.subsec_nanos() != 0 || timeout.is_zero()) {
         return Err(Error::InvalidTtl {
             name: name.to_owned(),
@@ -119,12 +122,12 @@ fn timeout_ms(name: &str, unit: TimestampUnit, timeout: Duration) -> Result<u64>
 /// redlease exclude each other:
 ///
 /// - **acquire**: `SETNX` when the key is free; when its timestamp is older than the
-///   current time, the `GETSET` takeover of the seed's "C4" client — done as one script,
+///   current time, the `GETSET` takeover of the documented pattern — done as one script,
 ///   so two takers never both win, whether they are redlease or old clients;
 /// - **renew** (while the guard lives, every `timeout / 3`): a new timestamp, written
 ///   only if the key still holds the one this acquisition wrote;
 /// - **release**: `DEL`, only if the key still holds our timestamp (compared inside the
-///   script, as the seed's "check before DEL" advice asks).
+///   script, as the pattern's "check before DEL" advice asks).
 ///
 /// The current time is always Redis's (`TIME` inside the script), never this host's.
 ///
@@ -142,7 +145,7 @@ fn timeout_ms(name: &str, unit: TimestampUnit, timeout: Duration) -> Result<u64>
 ///   likely with second resolution — is not mistaken for its own. Old clients have no
 ///   such check: one that stalls past its timeout and then `DEL`s removes the next
 ///   holder's lock.
-/// - **A losing old client overwrites the winner's timestamp.** The seed's takeover
+/// - **A losing old client overwrites the winner's timestamp.** The pattern's takeover
 ///   lets a client that loses the `GETSET` race leave its own timestamp in the key
 ///   ("not a problem" for old clients, which release by plain `DEL`). If that happens
 ///   to a lock redlease just took over, redlease can no longer prove it is its own: the
@@ -168,24 +171,17 @@ pub struct LegacyLock {
 
 #[derive(Debug)]
 struct LegacyShared {
-    client: Arc<ClientInner>,
-    name: Arc<str>,
+    base: LockBase,
     /// `[lock key, owner key]`.
     keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
-    options: LegacyOptions,
+    legacy: LegacyOptions,
     timeout_arg: Arc<str>,
 }
 
-impl LegacyShared {
-    fn key(&self) -> &str {
-        &self.keys[0]
-    }
-}
-
 impl LegacyLock {
-    pub(crate) fn new(client: Arc<ClientInner>, name: &str, options: LegacyOptions) -> Result<Self> {
-        let keys = LockKeys::new(&client.prefix, name)?;
+    pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LegacyOptions) -> Result<Self> {
+        let keys = LockKeys::new(&ctx.prefix, name)?;
         let ms = timeout_ms(name, options.unit, options.timeout)?;
         if options.poll_interval < Duration::from_millis(1) {
             return Err(Error::InvalidArgument {
@@ -194,13 +190,17 @@ impl LegacyLock {
                 reason: "must be at least 1ms".into(),
             });
         }
+        let lease = LeaseOptions::new()
+            .ttl(options.timeout)
+            .auto_renew(options.auto_renew);
+        let mut base = LockBase::new(ctx, name, &keys.key, lease)?;
+        base.whole_seconds = options.unit == TimestampUnit::Seconds;
         Ok(LegacyLock {
             shared: Arc::new(LegacyShared {
                 channel: keys.aux("wake").into(),
-                keys: Arc::new([keys.key.as_str().into(), keys.aux("legacy").into()]),
-                name: name.into(),
-                client,
-                options,
+                keys: Arc::new([base.key.clone(), keys.aux("legacy").into()]),
+                base,
+                legacy: options,
                 timeout_arg: ms.to_string().into(),
             }),
         })
@@ -208,17 +208,17 @@ impl LegacyLock {
 
     /// The lock's name (without the prefix).
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared.base.name
     }
 
     /// The Redis key of the lock: `<prefix><name>`.
     pub fn key(&self) -> &str {
-        self.shared.key()
+        &self.shared.base.key
     }
 
     /// The options of this lock.
     pub fn options(&self) -> LegacyOptions {
-        self.shared.options
+        self.shared.legacy
     }
 
     /// Takes the lock if it is free or its timestamp has expired, without waiting. One
@@ -235,7 +235,7 @@ impl LegacyLock {
     /// expires, when it holds one); [`Error::WrongType`], [`Error::ReadOnly`] or
     /// [`Error::Redis`] when Redis cannot be used.
     pub async fn try_lock(&self) -> Result<LegacyGuard> {
-        self.acquire(None).await
+        self.acquire(Wait::Try).await
     }
 
     /// Takes the lock, waiting as long as it takes.
@@ -252,7 +252,7 @@ impl LegacyLock {
     ///
     /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`].
     pub async fn lock(&self) -> Result<LegacyGuard> {
-        self.acquire(Some(None)).await
+        self.acquire(Wait::FOREVER).await
     }
 
     /// Takes the lock, waiting at most `timeout`.
@@ -265,126 +265,76 @@ impl LegacyLock {
     ///
     /// [`Error::Timeout`], and the errors of [`lock`](LegacyLock::lock).
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<LegacyGuard> {
-        self.acquire(Some(Some(Instant::now() + timeout))).await
+        self.acquire(Wait::timeout(timeout)).await
     }
 
-    async fn acquire(&self, wait: Option<Option<Instant>>) -> Result<LegacyGuard> {
+    async fn acquire(&self, wait: Wait) -> Result<LegacyGuard> {
         let s = &*self.shared;
         let token = Token::generate();
-        let cmd = LEGACY_ACQUIRE.evalsha(
-            &s.keys,
-            &[token.expose(), s.options.unit.arg(), &s.timeout_arg],
-            None,
-        );
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            self.release_call(&token),
-            s.options.timeout,
-        );
-        let spec = WaitSpec {
-            client: &s.client,
-            name: &s.name,
-            channel: &s.channel,
-            wait,
-            fallback: s.options.poll_interval,
-        };
-        let poll = s.options.poll_interval;
-        let trying = wait.is_none();
-        let (pending_ref, cmd_ref, token_ref) = (&pending, &cmd, &token);
-        let lease = acquire_loop(spec, move |deadline| async move {
-            pending_ref.arm();
-            let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                s.key(),
-                "acquire",
-                &LEGACY_ACQUIRE,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await
-            .inspect_err(|e| {
-                if !e.is_unavailable() {
-                    // A definite error reply: the script fails before any write.
-                    pending_ref.answered_no();
-                }
-            })?;
-            match array(&reply).unwrap_or_default() {
-                [flag, remaining] if int(flag) == Some(1) => {
-                    let remaining = int(remaining).ok_or_else(|| bad_reply(s))?;
-                    let remaining = Duration::from_millis(remaining.max(0) as u64);
-                    Ok(Attempt::Acquired(self.new_lease(token_ref, sent, remaining)))
-                }
-                [flag, wait] if int(flag) == Some(0) => {
-                    pending_ref.answered_no();
-                    let wait = int(wait).ok_or_else(|| bad_reply(s))?;
-                    let expires = u64::try_from(wait).ok().map(Duration::from_millis);
-                    if trying {
-                        return Ok(Attempt::Busy { remaining: expires });
-                    }
-                    // Never sleep past the poll interval: old clients release silently.
-                    Ok(Attempt::Busy {
-                        remaining: Some(expires.map_or(poll, |e| e.min(poll))),
-                    })
-                }
-                _ => Err(bad_reply(s)),
-            }
-        })
-        .await?;
-        pending.disarm();
-        tracing::debug!(lock = %s.name, "legacy lock acquired");
-        Ok(LegacyGuard {
-            lock: self.clone(),
-            token: Some(token),
-            lease,
-        })
-    }
-
-    fn new_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
-        let s = &*self.shared;
-        let renew = ScriptCall::new(
-            &LEGACY_RENEW,
-            s.keys.clone(),
-            Arc::new([token.shared(), s.options.unit.arg().into()]),
-        );
-        let shared = LeaseShared::new(
-            s.name.clone(),
-            sent,
-            s.options.timeout,
-            remaining,
-            renew,
-            self.release_call(token),
-            s.options.auto_renew,
-        );
-        if shared.auto_renew {
-            s.client.renewer.schedule(&shared);
-        }
-        Lease { shared }
-    }
-
-    fn release_call(&self, token: &Token) -> ScriptCall {
-        let s = &*self.shared;
-        ScriptCall::new(
+        let unit = s.legacy.unit.arg();
+        let cmd = LEGACY_ACQUIRE.evalsha(&s.keys, &[token.expose(), unit, &s.timeout_arg], None);
+        let release = ScriptCall::new(
             &LEGACY_RELEASE,
             s.keys.clone(),
             Arc::new([
                 token.shared(),
                 s.channel.clone(),
-                s.client.publish.clone(),
-                s.client.retention_arg.clone(),
+                s.base.ctx.publish.clone(),
+                s.base.ctx.retention_arg.clone(),
             ]),
-        )
-    }
-}
-
-fn bad_reply(s: &LegacyShared) -> Error {
-    Error::Redis {
-        name: s.name.to_string(),
-        op: "acquire",
-        source: redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected script reply")),
+        );
+        let spec = Acquire {
+            script: &LEGACY_ACQUIRE,
+            cmd: &cmd,
+            channel: &s.channel,
+            wait,
+            undo: release.clone(),
+            undo_ttl: s.legacy.timeout,
+            renew: ScriptCall::new(
+                &LEGACY_RENEW,
+                s.keys.clone(),
+                Arc::new([token.shared(), unit.into()]),
+            ),
+            release,
+            token,
+        };
+        let poll = s.legacy.poll_interval;
+        let core = s
+            .base
+            .acquire(spec, |reply, _| {
+                let bad = || s.base.op("acquire").bad_reply();
+                match array(reply).unwrap_or_default() {
+                    [flag, remaining] if int(flag) == Some(1) => Ok(Reply::Acquired {
+                        fence: None,
+                        remaining: Duration::from_millis(int(remaining).ok_or_else(bad)?.max(0) as u64),
+                    }),
+                    [flag, until] if int(flag) == Some(0) => {
+                        let expires = u64::try_from(int(until).ok_or_else(bad)?)
+                            .ok()
+                            .map(Duration::from_millis);
+                        // Never sleep past the poll interval when waiting: old clients
+                        // release silently.
+                        let remaining = if wait.waits() {
+                            Some(expires.map_or(poll, |e| e.min(poll)))
+                        } else {
+                            expires
+                        };
+                        Ok(Reply::Busy {
+                            busy: Busy {
+                                remaining,
+                                pass_on: false,
+                            },
+                            queued: false,
+                        })
+                    }
+                    _ => Err(bad()),
+                }
+            })
+            .await?;
+        Ok(LegacyGuard {
+            core,
+            lock: self.clone(),
+        })
     }
 }
 
@@ -404,98 +354,20 @@ fn bad_reply(s: &LegacyShared) -> Error {
 #[must_use = "dropping the guard releases the lock"]
 #[derive(Debug)]
 pub struct LegacyGuard {
+    core: GuardCore,
     lock: LegacyLock,
-    token: Option<Token>,
-    lease: Lease,
 }
 
-impl LegacyGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.lock.name()
-    }
+guard_surface!(LegacyGuard, "this guard holds", fence: |_g| None);
 
-    /// The lock's Redis key.
-    pub fn key(&self) -> &str {
-        self.lock.key()
+impl LegacyGuard {
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The lock this guard holds.
     pub fn legacy_lock(&self) -> &LegacyLock {
         &self.lock
-    }
-
-    /// The lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        &self.lease
-    }
-
-    /// Until when the holder may rely on the lock, assuming old clients' clocks agree
-    /// with Redis's (see [`Lease::valid_until`]).
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.lease.valid_until()
-    }
-
-    /// Whether the lease is still valid: not lost, and not past `valid_until`.
-    pub fn is_held(&self) -> bool {
-        self.lease.is_held()
-    }
-
-    /// Completes when the lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.lease.lost().await
-    }
-
-    /// Writes a fresh timestamp, `now + timeout + 1` with the new `timeout`, if the
-    /// lock is still ours. Auto-renewal (if on) continues with the new timeout.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lock; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`] (with seconds, `timeout` must be whole seconds);
-    /// [`Error::NotHeld`] when the lock is no longer ours (the guard then reports
-    /// [`LostReason::Gone`]); Redis errors.
-    pub async fn extend(&self, timeout: Duration) -> Result<()> {
-        let s = &*self.lock.shared;
-        let ms = timeout_ms(&s.name, s.options.unit, timeout)?;
-        if self.lease.lost_reason().is_some() {
-            return Err(Error::NotHeld {
-                name: s.name.to_string(),
-            });
-        }
-        let shared = &self.lease.shared;
-        let cmd = shared.renew.cmd_with_ttl(ms);
-        let sent = Instant::now();
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "extend",
-            &LEGACY_RENEW,
-            &cmd,
-            None,
-            None,
-        )
-        .await?;
-        if int(&reply) != Some(1) {
-            shared.end(LostReason::Gone);
-            return Err(Error::NotHeld {
-                name: s.name.to_string(),
-            });
-        }
-        shared.set_ttl(timeout);
-        shared.confirm(sent, timeout);
-        if shared.auto_renew {
-            s.client.renewer.schedule(shared);
-        }
-        Ok(())
     }
 
     /// Deletes the lock if its timestamp is still ours, and wakes a redlease waiter.
@@ -511,65 +383,14 @@ impl LegacyGuard {
     /// its timestamp overwritten by an old client — and nothing was deleted; Redis
     /// errors (the release is then retried in the background until the lock would
     /// have expired).
-    pub async fn release(mut self) -> Result<()> {
-        self.token
-            .take()
-            .expect("token present until the guard is consumed");
-        let shared = self.lease.shared.clone();
-        let valid_until = shared.valid_until();
-        shared.end(LostReason::Released);
-        let s = self.lock.shared.clone();
-        let call = shared.release.clone();
-        let pending = Pending::new(s.client.clone(), &s.name, call.clone(), shared.ttl());
-        pending.arm();
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            s.key(),
-            "release",
-            call.script,
-            &call.cmd(),
-            None,
-            Some(&pending),
-        )
-        .await?;
-        let answered = Instant::now();
-        let doubted = pending.doubted();
-        pending.disarm();
-        match int(&reply) {
-            // -1: an earlier attempt of this release, whose reply was lost, did it.
-            Some(1 | -1) => {
-                tracing::debug!(lock = %s.name, "legacy lock released");
-                Ok(())
-            }
-            // Not ours any more, but an earlier attempt may have landed and this answer
-            // came while our lock was still valid: it cannot have expired or been taken
-            // over on the server before this retry ran, so that attempt released it
-            // (and the next holder may already have overwritten its marker).
-            Some(0) if doubted && answered < valid_until => {
-                tracing::debug!(lock = %s.name, "legacy lock released by an earlier attempt");
-                Ok(())
-            }
-            _ => Err(Error::NotHeld {
-                name: s.name.to_string(),
-            }),
-        }
+    pub async fn release(self) -> Result<()> {
+        self.core.release().await
     }
-}
 
-impl Drop for LegacyGuard {
-    fn drop(&mut self) {
-        if self.token.take().is_some() {
-            let lease = &self.lease.shared;
-            lease.end(LostReason::Released);
-            let s = &self.lock.shared;
-            spawn_release(
-                s.client.clone(),
-                s.name.clone(),
-                lease.release.clone(),
-                lease.ttl(),
-            );
-        }
+    /// Stops renewing and gives up the guard *without* releasing: the timestamp stays
+    /// until it expires and old clients take the lock over.
+    pub fn forget(self) -> Token {
+        self.core.forget()
     }
 }
 

@@ -27,10 +27,24 @@
 //! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
 //!   for replicas after acquire and extend).
 //!
-//! Inside, the layers are visible in the file list: Lua scripts (`scripts/*.lua`, one
-//! per state change) → the lease engine (`lease`, `renewer`, `notify`, `wait`) → the
-//! primitives (`mutex`, `fair`, `rwlock`, `semaphore`, sharing `held`; `redlock`) → this
-//! page.
+//! - [`Guard`]: what every guard shows — name, fencing token, lease, `lost()`,
+//!   `extend`, `release` — for code that holds any kind of lock.
+//!
+//! # Layers
+//!
+//! Inside, the layers are the folders; each imports only from those below it:
+//!
+//! - the public face: `client` (the [`Client`]), `options`, `error`, and the
+//!   vocabulary every layer shares (`token`, `keys`);
+//! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
+//!   `legacy`, `redlock`: only what is specific to each, its keys, scripts, reply
+//!   shapes and waiting policy;
+//! - `engine/`: the lease engine — leases and their ordering, the renewal task,
+//!   wake-ups, the acquire loop, requests with retries and deadlines, and the one
+//!   guard core every guard is built on;
+//! - `script/`: the Lua scripts (one per state change), running them, reading replies;
+//! - `transport/`: the connection, batching per deployment (Cluster redirects
+//!   followed), Sentinel, TLS.
 //!
 //! # Example
 //!
@@ -102,49 +116,49 @@
 
 #![warn(missing_docs)]
 
+// The public face, and the vocabulary every layer shares.
 mod acl;
 mod client;
-mod cluster;
-mod conn;
 mod error;
-mod fair;
-mod held;
 mod keys;
-mod lease;
-mod legacy;
-mod local;
-mod mutex;
-mod notify;
-pub mod optimistic;
-mod redlock;
-mod renewer;
-mod replicas;
-mod rwlock;
-mod scripts;
-mod semaphore;
-mod sentinel;
-#[cfg(feature = "tls")]
-mod tls;
+mod options;
 mod token;
-mod topology;
-mod wait;
 
 pub use acl::acl_rules;
-pub use client::{
-    Client, ClientBuilder, ClientStats, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION,
-    DEFAULT_RETRY_WINDOW, DEFAULT_TTL, LeaseOptions,
-};
-pub use conn::CommandConnection;
+pub use client::{Client, ClientBuilder, ClientStats};
 pub use error::{Error, Result};
-pub use fair::{DEFAULT_WAITER_TTL, FairMutex, FairMutexGuard, FairMutexStatus};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
-pub use lease::{Lease, LostReason};
+pub use options::{
+    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, DEFAULT_TTL,
+    LeaseOptions, OnShortfall, ReplicaAck,
+};
+pub use token::{FencingToken, Token};
+
+// The primitives.
+mod fair;
+mod legacy;
+mod mutex;
+pub mod optimistic;
+mod redlock;
+mod rwlock;
+mod semaphore;
+
+pub use fair::{DEFAULT_WAITER_TTL, FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
-pub use replicas::{OnShortfall, ReplicaAck};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
 pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, SemaphoreStatus};
+
+// The lease engine.
+mod engine;
+
+pub use engine::{Guard, Lease, LostReason};
+
+// Scripts and transport.
+mod script;
+mod transport;
+
+pub use transport::CommandConnection;
 #[cfg(feature = "tls")]
-pub use tls::TlsOptions;
-pub use token::{FencingToken, Token};
+pub use transport::tls::TlsOptions;

@@ -1,22 +1,26 @@
 //! The read-write lock: many readers or one writer, writer-preferring.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::{ClientInner, LeaseOptions};
+use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::context::Context;
+use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
+use crate::engine::heartbeat::Heartbeat;
+#[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::fair::DEFAULT_WAITER_TTL;
-use crate::held::{Heartbeat, Held, bad_reply, ms, start_lease};
 use crate::keys::{self, LockKeys};
-use crate::lease::{Lease, LostReason, ScriptCall};
-use crate::scripts::{
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, holder, int, ms};
+use crate::script::{
     MUTEX_EXTEND, RW_DOWNGRADE, RW_READ, RW_READ_EXTEND, RW_READ_RELEASE, RW_STATUS, RW_WRITE,
-    RW_WRITE_RELEASE, RW_WRITER_HEARTBEAT, array, int, opt_string,
+    RW_WRITE_RELEASE, RW_WRITER_HEARTBEAT, ScriptCall,
 };
 use crate::token::{FencingToken, Token};
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_retrying};
 
 /// A distributed read-write lock: any number of readers, or one writer.
 ///
@@ -78,15 +82,12 @@ pub struct RwLock {
 
 #[derive(Clone, Debug)]
 struct RwShared {
-    client: Arc<ClientInner>,
-    name: Arc<str>,
-    lock: Arc<str>,
+    base: LockBase,
     meta: Arc<str>,
     readers: Arc<str>,
     writers: Arc<str>,
     read_channel: Arc<str>,
     write_channel: Arc<str>,
-    options: LeaseOptions,
     ttl_arg: Arc<str>,
     waiter_ttl: Duration,
     waiter_ttl_arg: Arc<str>,
@@ -108,7 +109,7 @@ pub struct RwLockStatus {
     /// The highest fencing token issued for this lock within the metadata retention.
     pub last_fence: Option<FencingToken>,
     /// When the writer acquired the lock (Redis server time), when known.
-    pub since: Option<SystemTime>,
+    pub since: Option<std::time::SystemTime>,
     /// Read shares held with a live lease.
     pub readers: u64,
     /// Writers registered as waiting (they keep new readers out).
@@ -116,21 +117,19 @@ pub struct RwLockStatus {
 }
 
 impl RwLock {
-    pub(crate) fn new(client: Arc<ClientInner>, name: &str, options: LeaseOptions) -> Result<Self> {
-        let keys = LockKeys::new(&client.prefix, name)?;
+    pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
+        let keys = LockKeys::new(&ctx.prefix, name)?;
+        let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let waiter_ttl = options.ttl.min(DEFAULT_WAITER_TTL);
         Ok(RwLock {
             shared: Arc::new(RwShared {
-                lock: keys.key.as_str().into(),
+                base,
                 meta: keys.aux("meta").into(),
                 readers: keys.aux("readers").into(),
                 writers: keys.aux("writers").into(),
                 read_channel: keys.aux("wake:read").into(),
                 write_channel: keys.aux("wake:write").into(),
-                name: name.into(),
-                client,
-                options,
                 ttl_arg: ttl_ms.to_string().into(),
                 waiter_ttl,
                 waiter_ttl_arg: (waiter_ttl.as_millis() as u64).to_string().into(),
@@ -139,16 +138,18 @@ impl RwLock {
     }
 
     /// Sets how long a waiting writer's registration survives without a heartbeat: the
-    /// longest a writer that died while waiting keeps new readers out.
+    /// longest a writer that died while waiting keeps new readers out. Capped at the
+    /// lock's lease TTL.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidTtl`] for a TTL out of range (10 ms ..= 30 days).
     pub fn with_waiter_ttl(self, ttl: Duration) -> Result<Self> {
-        let ttl_ms = keys::ttl_ms(&self.shared.name, ttl)?;
+        keys::ttl_ms(&self.shared.base.name, ttl)?;
+        let ttl = ttl.min(self.shared.base.options.ttl);
         let mut shared = Arc::unwrap_or_clone(self.shared);
         shared.waiter_ttl = ttl;
-        shared.waiter_ttl_arg = ttl_ms.to_string().into();
+        shared.waiter_ttl_arg = (ttl.as_millis() as u64).to_string().into();
         Ok(RwLock {
             shared: Arc::new(shared),
         })
@@ -156,17 +157,17 @@ impl RwLock {
 
     /// The lock's name (without the prefix).
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared.base.name
     }
 
     /// The Redis key of the write lock: `<prefix><name>`.
     pub fn key(&self) -> &str {
-        &self.shared.lock
+        &self.shared.base.key
     }
 
     /// The lease options of this lock (for readers and writers alike).
     pub fn options(&self) -> LeaseOptions {
-        self.shared.options
+        self.shared.base.options
     }
 
     /// How long a waiting writer's registration survives without a heartbeat.
@@ -186,7 +187,7 @@ impl RwLock {
     /// [`Error::Contended`] when a writer holds or waits; [`Error::WrongType`],
     /// [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be used.
     pub async fn try_read(&self) -> Result<RwLockReadGuard> {
-        self.acquire_read(None).await
+        self.acquire_read(Wait::Try).await
     }
 
     /// Takes a read share, waiting as long as it takes for writers (holding or waiting)
@@ -202,7 +203,7 @@ impl RwLock {
     /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
     /// used (after retrying temporary failures for the client's retry window).
     pub async fn read(&self) -> Result<RwLockReadGuard> {
-        self.acquire_read(Some(None)).await
+        self.acquire_read(Wait::FOREVER).await
     }
 
     /// Takes a read share, waiting at most `timeout`.
@@ -216,7 +217,7 @@ impl RwLock {
     /// [`Error::Timeout`] when no share was granted in time, and the errors of
     /// [`read`](RwLock::read).
     pub async fn read_timeout(&self, timeout: Duration) -> Result<RwLockReadGuard> {
-        self.acquire_read(Some(Some(Instant::now() + timeout))).await
+        self.acquire_read(Wait::timeout(timeout)).await
     }
 
     /// Takes the write lock if no writer holds it and no reader holds a share, without
@@ -230,7 +231,7 @@ impl RwLock {
     ///
     /// [`Error::Contended`] when the lock is held; otherwise as [`write`](RwLock::write).
     pub async fn try_write(&self) -> Result<RwLockWriteGuard> {
-        self.acquire_write(None).await
+        self.acquire_write(Wait::Try).await
     }
 
     /// Takes the write lock, waiting as long as it takes. While it waits, new readers
@@ -247,7 +248,7 @@ impl RwLock {
     /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot be
     /// used (after retrying temporary failures for the client's retry window).
     pub async fn write(&self) -> Result<RwLockWriteGuard> {
-        self.acquire_write(Some(None)).await
+        self.acquire_write(Wait::FOREVER).await
     }
 
     /// Takes the write lock, waiting at most `timeout`; a writer that times out
@@ -262,93 +263,67 @@ impl RwLock {
     /// [`Error::Timeout`] when the lock was not acquired in time, and the errors of
     /// [`write`](RwLock::write).
     pub async fn write_timeout(&self, timeout: Duration) -> Result<RwLockWriteGuard> {
-        self.acquire_write(Some(Some(Instant::now() + timeout))).await
+        self.acquire_write(Wait::timeout(timeout)).await
     }
 
-    async fn acquire_read(&self, wait: Option<Option<Instant>>) -> Result<RwLockReadGuard> {
+    async fn acquire_read(&self, wait: Wait) -> Result<RwLockReadGuard> {
         let s = &*self.shared;
         let token = Token::generate();
         let cmd = RW_READ.evalsha(
-            &[&s.lock, &s.readers, &s.writers],
+            &[&s.base.key, &s.readers, &s.writers],
             &[token.expose(), &s.ttl_arg],
             None,
         );
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            self.read_release_call(&token),
-            s.options.ttl,
-        );
-        let spec = WaitSpec {
-            client: &s.client,
-            name: &s.name,
+        let release = self.read_release_call(&token);
+        let spec = Acquire {
+            script: &RW_READ,
+            cmd: &cmd,
             channel: &s.read_channel,
             wait,
-            fallback: s.options.ttl,
+            undo: release.clone(),
+            undo_ttl: s.base.options.ttl,
+            renew: self.read_renew_call(&token),
+            release,
+            token,
         };
-        let (pending_ref, cmd_ref, token_ref) = (&pending, &cmd, &token);
-        let lease = acquire_loop(spec, move |deadline| async move {
-            pending_ref.arm();
-            let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                &s.lock,
-                "read",
-                &RW_READ,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await
-            .inspect_err(|e| {
-                if !e.is_unavailable() {
-                    // A definite error reply: the script fails before it writes a share.
-                    pending_ref.answered_no();
+        let ttl = s.base.options.ttl;
+        let core = s
+            .base
+            .acquire(spec, |reply, _| {
+                if int(reply) == Some(1) {
+                    return Ok(Reply::Acquired {
+                        fence: None,
+                        remaining: ttl,
+                    });
                 }
-            })?;
-            if int(&reply) == Some(1) {
-                return Ok(Attempt::Acquired(self.read_lease(token_ref, sent, s.options.ttl)));
-            }
-            match array(&reply).unwrap_or_default() {
-                [flag, remaining] if int(flag) == Some(1) => {
-                    let remaining = ms(int(remaining)).unwrap_or_default();
-                    Ok(Attempt::Acquired(self.read_lease(token_ref, sent, remaining)))
+                match array(reply).unwrap_or_default() {
+                    [flag, remaining] if int(flag) == Some(1) => Ok(Reply::Acquired {
+                        fence: None,
+                        remaining: ms(int(remaining)).unwrap_or_default(),
+                    }),
+                    [flag, remaining] if int(flag) == Some(0) => Ok(Reply::Busy {
+                        busy: Busy {
+                            remaining: ms(int(remaining)),
+                            pass_on: false,
+                        },
+                        queued: false,
+                    }),
+                    _ => Err(s.base.op("read").bad_reply()),
                 }
-                [flag, remaining] if int(flag) == Some(0) => {
-                    pending_ref.answered_no();
-                    Ok(Attempt::Busy {
-                        remaining: ms(int(remaining)),
-                    })
-                }
-                _ => Err(bad_reply(&s.name, "read")),
-            }
-        })
-        .await?;
-        pending.disarm();
-        tracing::debug!(lock = %s.name, "read share acquired");
+            })
+            .await?;
         Ok(RwLockReadGuard {
-            held: Held::new(s.client.clone(), s.name.clone(), s.lock.clone(), token, lease),
+            core,
             lock: self.clone(),
         })
     }
 
-    fn read_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
+    fn read_renew_call(&self, token: &Token) -> ScriptCall {
         let s = &*self.shared;
-        let renew = ScriptCall::new(
+        ScriptCall::new(
             &RW_READ_EXTEND,
             Arc::new([s.readers.clone()]),
             Arc::new([token.shared()]),
-        );
-        start_lease(
-            &s.client,
-            &s.name,
-            sent,
-            s.options.ttl,
-            remaining,
-            renew,
-            self.read_release_call(token),
-            s.options.auto_renew,
         )
     }
 
@@ -357,134 +332,107 @@ impl RwLock {
         ScriptCall::new(
             &RW_READ_RELEASE,
             Arc::new([s.readers.clone(), s.writers.clone()]),
-            Arc::new([token.shared(), s.client.publish.clone(), s.write_channel.clone()]),
+            Arc::new([
+                token.shared(),
+                s.base.ctx.publish.clone(),
+                s.write_channel.clone(),
+            ]),
         )
     }
 
-    async fn acquire_write(&self, wait: Option<Option<Instant>>) -> Result<RwLockWriteGuard> {
+    async fn acquire_write(&self, wait: Wait) -> Result<RwLockWriteGuard> {
         let s = &*self.shared;
+        let ctx = &s.base.ctx;
         let token = Token::generate();
         let cmd = RW_WRITE.evalsha(
-            &[&s.lock, &s.meta, &s.readers, &s.writers],
+            &[&s.base.key, &s.meta, &s.readers, &s.writers],
             &[
                 token.expose(),
                 &s.ttl_arg,
-                &s.client.label,
-                &s.client.retention_arg,
+                &ctx.label,
+                &ctx.retention_arg,
                 &s.waiter_ttl_arg,
-                if wait.is_some() { "1" } else { "0" },
+                if wait.waits() { "1" } else { "0" },
             ],
             None,
         );
-        // Withdraws the registration and any lock an attempt may have taken.
-        let withdraw = self.write_release_call(&token, true);
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            withdraw.clone(),
-            s.options.ttl.max(s.waiter_ttl),
-        );
         let heartbeat = Heartbeat::new(
-            s.client.clone(),
-            &s.name,
+            ctx.clone(),
+            &s.base.name,
             s.waiter_ttl,
             ScriptCall::new(
                 &RW_WRITER_HEARTBEAT,
                 Arc::new([s.writers.clone()]),
                 Arc::new([token.shared()]),
             ),
-            withdraw,
         );
-        let spec = WaitSpec {
-            client: &s.client,
-            name: &s.name,
+        let spec = Acquire {
+            script: &RW_WRITE,
+            cmd: &cmd,
             channel: &s.write_channel,
             wait,
-            fallback: s.options.ttl,
+            // Withdraws the registration and any lock an attempt may have taken.
+            undo: self.write_release_call(&token, true),
+            undo_ttl: s.base.options.ttl.max(s.waiter_ttl),
+            renew: ScriptCall::new(
+                &MUTEX_EXTEND,
+                Arc::new([s.base.key.clone(), s.meta.clone()]),
+                Arc::new([token.shared(), ctx.retention_arg.clone()]),
+            ),
+            release: self.write_release_call(&token, false),
+            token,
         };
-        let (pending_ref, heartbeat_ref, cmd_ref, token_ref) = (&pending, &heartbeat, &cmd, &token);
-        let waits = wait.is_some();
-        let (fence, lease) = acquire_loop(spec, move |deadline| async move {
-            pending_ref.arm();
-            let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                &s.lock,
-                "write",
-                &RW_WRITE,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await?;
-            if let Some(fence) = int(&reply) {
-                return Ok(Attempt::Acquired((
-                    fence as u64,
-                    self.write_lease(token_ref, sent, s.options.ttl),
-                )));
-            }
-            match array(&reply).unwrap_or_default() {
-                [flag, fence, pttl] if int(flag) == Some(1) => {
-                    let fence = int(fence).ok_or_else(|| bad_reply(&s.name, "write"))? as u64;
-                    let remaining = ms(int(pttl)).unwrap_or(s.options.ttl);
-                    Ok(Attempt::Acquired((
-                        fence,
-                        self.write_lease(token_ref, sent, remaining),
-                    )))
+        let ttl = s.base.options.ttl;
+        let waits = wait.waits();
+        let core = s
+            .base
+            .acquire(spec, |reply, sent| {
+                if let Some(fence) = int(reply) {
+                    return Ok(Reply::Acquired {
+                        fence: Some(fence as u64),
+                        remaining: ttl,
+                    });
                 }
-                [flag, remaining, registered] if int(flag) == Some(0) => {
-                    if waits {
-                        heartbeat_ref.joined(sent, int(registered) == Some(1));
-                    } else {
-                        pending_ref.answered_no();
+                let bad = || s.base.op("write").bad_reply();
+                match array(reply).unwrap_or_default() {
+                    [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
+                        fence: Some(int(fence).ok_or_else(bad)? as u64),
+                        remaining: ms(int(pttl)).unwrap_or(ttl),
+                    }),
+                    [flag, remaining, registered] if int(flag) == Some(0) => {
+                        if waits {
+                            heartbeat.joined(sent, int(registered) == Some(1));
+                        }
+                        Ok(Reply::Busy {
+                            busy: Busy {
+                                remaining: ms(int(remaining)),
+                                pass_on: false,
+                            },
+                            // A waiting writer's registration must be withdrawn.
+                            queued: waits,
+                        })
                     }
-                    Ok(Attempt::Busy {
-                        remaining: ms(int(remaining)),
-                    })
+                    _ => Err(bad()),
                 }
-                _ => Err(bad_reply(&s.name, "write")),
-            }
-        })
-        .await?;
+            })
+            .await?;
         heartbeat.stop();
-        pending.disarm();
-        tracing::debug!(lock = %s.name, fence, "write lock acquired");
         Ok(RwLockWriteGuard {
-            held: Held::new(s.client.clone(), s.name.clone(), s.lock.clone(), token, lease),
+            fence: core.fence().unwrap_or(FencingToken::new(0)),
+            core,
             lock: self.clone(),
-            fence: FencingToken::new(fence),
         })
-    }
-
-    fn write_lease(&self, token: &Token, sent: Instant, remaining: Duration) -> Lease {
-        let s = &*self.shared;
-        let renew = ScriptCall::new(
-            &MUTEX_EXTEND,
-            Arc::new([s.lock.clone(), s.meta.clone()]),
-            Arc::new([token.shared(), s.client.retention_arg.clone()]),
-        );
-        start_lease(
-            &s.client,
-            &s.name,
-            sent,
-            s.options.ttl,
-            remaining,
-            renew,
-            self.write_release_call(token, false),
-            s.options.auto_renew,
-        )
     }
 
     fn write_release_call(&self, token: &Token, withdraw: bool) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
             &RW_WRITE_RELEASE,
-            Arc::new([s.lock.clone(), s.writers.clone()]),
+            Arc::new([s.base.key.clone(), s.writers.clone()]),
             Arc::new([
                 token.shared(),
                 if withdraw { "1" } else { "0" }.into(),
-                s.client.publish.clone(),
+                s.base.ctx.publish.clone(),
                 s.read_channel.clone(),
                 s.write_channel.clone(),
             ]),
@@ -505,25 +453,27 @@ impl RwLock {
     /// [`Error::WrongType`] when a key is not a lock's, and Redis errors.
     pub async fn status(&self) -> Result<RwLockStatus> {
         let s = &*self.shared;
-        let cmd = RW_STATUS.evalsha(&[&s.lock, &s.meta, &s.readers, &s.writers], &[] as &[&str], None);
-        let reply = eval_retrying(
-            &s.client, &s.name, &s.lock, "status", &RW_STATUS, &cmd, None, None,
-        )
-        .await?;
-        let items = array(&reply).ok_or_else(|| bad_reply(&s.name, "status"))?;
-        let [held, pttl, label, fence, since, last, readers, writers] = items else {
-            return Err(bad_reply(&s.name, "status"));
+        let op = s.base.op("status");
+        let cmd = RW_STATUS.evalsha(
+            &[&s.base.key, &s.meta, &s.readers, &s.writers],
+            &[] as &[&str],
+            None,
+        );
+        let reply = op.eval(&RW_STATUS, &cmd, Deadline::Never, None).await?;
+        let items = array(&reply).ok_or_else(|| op.bad_reply())?;
+        let (Some(h), [.., readers, writers]) = (holder(items), items) else {
+            return Err(op.bad_reply());
         };
-        let fence_of = |v: &redis::Value| opt_string(v).and_then(|x| x.parse().ok()).map(FencingToken::new);
+        if items.len() != 8 {
+            return Err(op.bad_reply());
+        }
         Ok(RwLockStatus {
-            write_held: int(held) == Some(1),
-            writer: opt_string(label),
-            remaining: ms(int(pttl)),
-            fence: fence_of(fence),
-            last_fence: fence_of(last),
-            since: opt_string(since)
-                .and_then(|x| x.parse::<u64>().ok())
-                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+            write_held: h.held,
+            writer: h.owner,
+            remaining: h.remaining,
+            fence: h.fence,
+            last_fence: h.last_fence,
+            since: h.since,
             readers: int(readers).unwrap_or(0).max(0) as u64,
             waiting_writers: int(writers).unwrap_or(0).max(0) as u64,
         })
@@ -545,62 +495,20 @@ impl RwLock {
 #[must_use = "dropping the guard releases the read share"]
 #[derive(Debug)]
 pub struct RwLockReadGuard {
-    held: Held,
+    core: GuardCore,
     lock: RwLock,
 }
 
+guard_surface!(RwLockReadGuard, "this share belongs to", fence: |_g| None);
+
 impl RwLockReadGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.lock.name()
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The read-write lock this share belongs to.
     pub fn rwlock(&self) -> &RwLock {
         &self.lock
-    }
-
-    /// The share's secret token. Never log it.
-    pub fn token(&self) -> &Token {
-        self.held.token()
-    }
-
-    /// The share's lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        self.held.lease()
-    }
-
-    /// Until when the reader may rely on its share (see [`Lease::valid_until`]).
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.held.lease().valid_until()
-    }
-
-    /// Whether the share's lease is still valid.
-    pub fn is_held(&self) -> bool {
-        self.held.lease().is_held()
-    }
-
-    /// Completes when the share's lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.held.lease().lost().await
-    }
-
-    /// Sets the share's remaining lease to `ttl`, from now.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lease; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the share was already lost;
-    /// Redis errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl).await
     }
 
     /// Gives the share back; the last reader out wakes a waiting writer.
@@ -615,13 +523,13 @@ impl RwLockReadGuard {
     /// [`Error::NotHeld`] when the share had already lapsed — a writer may have been let
     /// in meanwhile; Redis errors.
     pub async fn release(self) -> Result<()> {
-        self.held.release().await
+        self.core.release().await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the share stays until
     /// its lease lapses.
     pub fn forget(self) -> Token {
-        self.held.forget()
+        self.core.forget()
     }
 }
 
@@ -640,20 +548,16 @@ impl RwLockReadGuard {
 #[must_use = "dropping the guard releases the write lock"]
 #[derive(Debug)]
 pub struct RwLockWriteGuard {
-    held: Held,
-    lock: RwLock,
+    core: GuardCore,
     fence: FencingToken,
+    lock: RwLock,
 }
 
-impl RwLockWriteGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.lock.name()
-    }
+guard_surface!(RwLockWriteGuard, "this guard holds", fence: |g| Some(g.fence));
 
-    /// The lock's Redis key.
-    pub fn key(&self) -> &str {
-        self.lock.key()
+impl RwLockWriteGuard {
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The read-write lock this guard holds.
@@ -665,49 +569,6 @@ impl RwLockWriteGuard {
     /// earlier write acquisition (and plain-mutex acquisition) of the same name.
     pub fn fence(&self) -> FencingToken {
         self.fence
-    }
-
-    /// The secret token stored in the lock key. Never log it.
-    pub fn token(&self) -> &Token {
-        self.held.token()
-    }
-
-    /// The lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        self.held.lease()
-    }
-
-    /// Until when the writer may rely on the lock (see [`Lease::valid_until`]).
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.held.lease().valid_until()
-    }
-
-    /// Whether the lease is still valid.
-    pub fn is_held(&self) -> bool {
-        self.held.lease().is_held()
-    }
-
-    /// Completes when the lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.held.lease().lost().await
-    }
-
-    /// Sets the remaining lease to `ttl`, from now.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lease; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lease was already lost;
-    /// Redis errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl).await
     }
 
     /// Releases the write lock; wakes the next waiting writer, or else every waiting
@@ -722,7 +583,7 @@ impl RwLockWriteGuard {
     ///
     /// [`Error::NotHeld`] when the lease had already been lost; Redis errors.
     pub async fn release(self) -> Result<()> {
-        self.held.release().await
+        self.core.release().await
     }
 
     /// Turns the write lock into a read share in one atomic step: no other writer can
@@ -740,54 +601,48 @@ impl RwLockWriteGuard {
     /// [`Error::NotHeld`] when the write lease had already been lost (nothing is held
     /// afterwards); Redis errors (the background release then runs as on cancellation).
     pub async fn downgrade(self) -> Result<RwLockReadGuard> {
-        let RwLockWriteGuard { held, lock, .. } = self;
+        let RwLockWriteGuard { core, lock, .. } = self;
         let s = &*lock.shared;
+        let op = s.base.op("downgrade");
         let reader = Token::generate();
         let cmd = RW_DOWNGRADE.evalsha(
-            &[&s.lock, &s.readers, &s.writers],
+            &[&s.base.key, &s.readers, &s.writers],
             &[
-                held.token().expose(),
+                core.token().expose(),
                 reader.expose(),
                 &s.ttl_arg,
-                &s.client.publish,
+                &s.base.ctx.publish,
                 &s.read_channel,
             ],
             None,
         );
-        // Until Redis answers, the share may exist: release it if we stop here. `held`
+        // Until Redis answers, the share may exist: release it if we stop here. `core`
         // releases the write lock if we stop here (a no-op once the downgrade landed).
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            lock.read_release_call(&reader),
-            s.options.ttl,
-        );
-        pending.arm();
+        let claim = s.base.claim(lock.read_release_call(&reader));
+        claim.arm();
         let sent = Instant::now();
-        let reply = eval_retrying(
-            &s.client,
-            &s.name,
-            &s.lock,
-            "downgrade",
-            &RW_DOWNGRADE,
-            &cmd,
-            None,
-            Some(&pending),
-        )
-        .await?;
+        let reply = op
+            .eval(&RW_DOWNGRADE, &cmd, Deadline::Never, Some(&claim))
+            .await?;
         if int(&reply) != Some(1) {
-            pending.answered_no();
-            held.lease().shared.end(LostReason::Gone);
-            return Err(Error::NotHeld {
-                name: s.name.to_string(),
-            });
+            claim.answered_no();
+            core.state().end(crate::engine::lease::LostReason::Gone);
+            return Err(op.not_held());
         }
-        pending.disarm();
-        held.disown();
-        tracing::debug!(lock = %s.name, "write lock downgraded to a read share");
-        let lease = lock.read_lease(&reader, sent, s.options.ttl);
+        claim.disarm();
+        // The write lock became the share: nothing of it is left to release.
+        let _ = core.take();
+        tracing::debug!(lock = %s.base.name, "write lock downgraded to a read share");
+        let core = s.base.hold(Held {
+            fence: None,
+            sent,
+            remaining: s.base.options.ttl,
+            renew: lock.read_renew_call(&reader),
+            release: lock.read_release_call(&reader),
+            token: reader,
+        });
         Ok(RwLockReadGuard {
-            held: Held::new(s.client.clone(), s.name.clone(), s.lock.clone(), reader, lease),
+            core,
             lock: lock.clone(),
         })
     }
@@ -795,6 +650,6 @@ impl RwLockWriteGuard {
     /// Stops renewing and gives up the guard *without* releasing: the lock stays held
     /// until its lease runs out.
     pub fn forget(self) -> Token {
-        self.held.forget()
+        self.core.forget()
     }
 }

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::client::{ClientInner, LeaseOptions};
+use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::context::Context;
+use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::error::{Error, Result};
-use crate::held::{Held, bad_reply, listeners, ms, start_lease};
 use crate::keys::{self, LockKeys};
-use crate::lease::{Lease, LostReason, ScriptCall};
-use crate::scripts::{SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_STATUS, array, int, opt_string};
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, int, ms, opt_string};
+use crate::script::{SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_STATUS, ScriptCall};
 use crate::token::Token;
-use crate::wait::{Attempt, Pending, WaitSpec, acquire_loop, eval_by_token, eval_retrying};
 
 /// The largest permit limit a semaphore accepts.
 pub const MAX_PERMITS: u32 = 1_000_000;
@@ -74,12 +74,10 @@ pub struct Semaphore {
 
 #[derive(Debug)]
 struct SemShared {
-    client: Arc<ClientInner>,
-    name: Arc<str>,
+    base: LockBase,
     /// `[permits, limit]`, shared by every script of this semaphore.
     keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
-    options: LeaseOptions,
     ttl_arg: Arc<str>,
     limit: u32,
     limit_arg: Arc<str>,
@@ -103,13 +101,9 @@ pub struct SemaphoreStatus {
 }
 
 impl Semaphore {
-    pub(crate) fn new(
-        client: Arc<ClientInner>,
-        name: &str,
-        limit: u32,
-        options: LeaseOptions,
-    ) -> Result<Self> {
-        let keys = LockKeys::new(&client.prefix, name)?;
+    pub(crate) fn new(ctx: Arc<Context>, name: &str, limit: u32, options: LeaseOptions) -> Result<Self> {
+        let keys = LockKeys::new(&ctx.prefix, name)?;
+        let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         if limit == 0 || limit > MAX_PERMITS {
             return Err(Error::InvalidArgument {
@@ -120,11 +114,9 @@ impl Semaphore {
         }
         Ok(Semaphore {
             shared: Arc::new(SemShared {
-                keys: Arc::new([keys.key.as_str().into(), keys.aux("limit").into()]),
+                keys: Arc::new([base.key.clone(), keys.aux("limit").into()]),
                 channel: keys.aux("wake").into(),
-                name: name.into(),
-                client,
-                options,
+                base,
                 ttl_arg: ttl_ms.to_string().into(),
                 limit,
                 limit_arg: limit.to_string().into(),
@@ -134,12 +126,12 @@ impl Semaphore {
 
     /// The semaphore's name (without the prefix).
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.shared.base.name
     }
 
     /// The Redis key of the permit set: `<prefix><name>`.
     pub fn key(&self) -> &str {
-        &self.shared.keys[0]
+        &self.shared.base.key
     }
 
     /// This handle's permit limit.
@@ -149,7 +141,7 @@ impl Semaphore {
 
     /// The lease options of the permits.
     pub fn options(&self) -> LeaseOptions {
-        self.shared.options
+        self.shared.base.options
     }
 
     /// Takes one permit if one is free, without waiting. One round trip.
@@ -165,7 +157,7 @@ impl Semaphore {
     /// are held under another limit; [`Error::WrongType`], [`Error::ReadOnly`] or
     /// [`Error::Redis`] when Redis cannot be used.
     pub async fn try_acquire(&self) -> Result<Permit> {
-        self.acquire_inner(1, None).await
+        self.acquire_inner(1, Wait::Try).await
     }
 
     /// Takes one permit, waiting as long as it takes.
@@ -181,7 +173,7 @@ impl Semaphore {
     /// [`Error::Redis`] when Redis cannot be used (after retrying temporary failures for
     /// the client's retry window).
     pub async fn acquire(&self) -> Result<Permit> {
-        self.acquire_inner(1, Some(None)).await
+        self.acquire_inner(1, Wait::FOREVER).await
     }
 
     /// Takes one permit, waiting at most `timeout`.
@@ -195,7 +187,7 @@ impl Semaphore {
     /// [`Error::Timeout`] when no permit was free in time, and the errors of
     /// [`acquire`](Semaphore::acquire).
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
-        self.acquire_inner(1, Some(Some(Instant::now() + timeout))).await
+        self.acquire_inner(1, Wait::timeout(timeout)).await
     }
 
     /// Takes `n` permits at once (all or none) if that many are free, without waiting.
@@ -209,7 +201,7 @@ impl Semaphore {
     /// [`Error::InvalidArgument`] when `n` is 0, above the limit or above
     /// [`MAX_PERMITS_PER_ACQUIRE`]; otherwise as [`try_acquire`](Semaphore::try_acquire).
     pub async fn try_acquire_many(&self, n: u32) -> Result<Permit> {
-        self.acquire_inner(n, None).await
+        self.acquire_inner(n, Wait::Try).await
     }
 
     /// Takes `n` permits at once (all or none), waiting as long as it takes.
@@ -224,7 +216,7 @@ impl Semaphore {
     /// [`try_acquire_many`](Semaphore::try_acquire_many)); otherwise as
     /// [`acquire`](Semaphore::acquire).
     pub async fn acquire_many(&self, n: u32) -> Result<Permit> {
-        self.acquire_inner(n, Some(None)).await
+        self.acquire_inner(n, Wait::FOREVER).await
     }
 
     /// Takes `n` permits at once (all or none), waiting at most `timeout`.
@@ -237,7 +229,7 @@ impl Semaphore {
     ///
     /// [`Error::Timeout`], and the errors of [`acquire_many`](Semaphore::acquire_many).
     pub async fn acquire_many_timeout(&self, n: u32, timeout: Duration) -> Result<Permit> {
-        self.acquire_inner(n, Some(Some(Instant::now() + timeout))).await
+        self.acquire_inner(n, Wait::timeout(timeout)).await
     }
 
     fn check_count(&self, n: u32) -> Result<()> {
@@ -245,7 +237,7 @@ impl Semaphore {
         let max = s.limit.min(MAX_PERMITS_PER_ACQUIRE);
         if n == 0 || n > max {
             return Err(Error::InvalidArgument {
-                name: s.name.to_string(),
+                name: s.base.name.to_string(),
                 what: "number of permits",
                 reason: format!(
                     "{n} is not between 1 and {max} (the limit is {}; at most {MAX_PERMITS_PER_ACQUIRE} at once)",
@@ -256,132 +248,81 @@ impl Semaphore {
         Ok(())
     }
 
-    async fn acquire_inner(&self, n: u32, wait: Option<Option<Instant>>) -> Result<Permit> {
+    async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Permit> {
         self.check_count(n)?;
         let s = &*self.shared;
         let token = Token::generate();
         let count: Arc<str> = n.to_string().into();
         let cmd = SEM_ACQUIRE.evalsha(&s.keys, &[token.expose(), &count, &s.limit_arg, &s.ttl_arg], None);
-        let pending = Pending::new(
-            s.client.clone(),
-            &s.name,
-            self.release_call(&token, &count),
-            s.options.ttl,
-        );
-        let spec = WaitSpec {
-            client: &s.client,
-            name: &s.name,
+        let release = self.call(&SEM_RELEASE, &token, &count);
+        let spec = Acquire {
+            script: &SEM_ACQUIRE,
+            cmd: &cmd,
             channel: &s.channel,
             wait,
-            fallback: s.options.ttl,
+            undo: release.clone(),
+            undo_ttl: s.base.options.ttl,
+            renew: self.call(&SEM_EXTEND, &token, &count),
+            release,
+            token,
         };
-        let (pending_ref, cmd_ref, token_ref, count_ref) = (&pending, &cmd, &token, &count);
-        let lease = acquire_loop(spec, move |deadline| async move {
-            pending_ref.arm();
-            let sent = Instant::now();
-            let reply = eval_retrying(
-                &s.client,
-                &s.name,
-                &s.keys[0],
-                "acquire",
-                &SEM_ACQUIRE,
-                cmd_ref,
-                deadline,
-                Some(pending_ref),
-            )
-            .await
-            .inspect_err(|e| {
-                if !e.is_unavailable() {
-                    // A definite error reply: the script fails before it writes a permit.
-                    pending_ref.answered_no();
+        let ttl = s.base.options.ttl;
+        let core = s
+            .base
+            .acquire(spec, |reply, _| {
+                if int(reply) == Some(1) {
+                    return Ok(Reply::Acquired {
+                        fence: None,
+                        remaining: ttl,
+                    });
                 }
-            })?;
-            if int(&reply) == Some(1) {
-                return Ok(Attempt::Acquired(self.new_lease(
-                    token_ref,
-                    count_ref,
-                    sent,
-                    s.options.ttl,
-                )));
-            }
-            match array(&reply).unwrap_or_default() {
-                [flag, remaining] if int(flag) == Some(1) => {
-                    let remaining = ms(int(remaining)).unwrap_or_default();
-                    Ok(Attempt::Acquired(
-                        self.new_lease(token_ref, count_ref, sent, remaining),
-                    ))
-                }
-                [flag, remaining, free] if int(flag) == Some(0) => {
-                    pending_ref.answered_no();
-                    let remaining = ms(int(remaining));
-                    if int(free).unwrap_or(0) > 0 {
-                        // Some permits are free, just not enough for us: another local
-                        // waiter that needs fewer may use the wake-up.
-                        Ok(Attempt::BusyPassOn { remaining })
-                    } else {
-                        Ok(Attempt::Busy { remaining })
-                    }
-                }
-                [flag, existing] if int(flag) == Some(-1) => {
-                    pending_ref.answered_no();
-                    Err(Error::LimitMismatch {
-                        name: s.name.to_string(),
+                match array(reply).unwrap_or_default() {
+                    [flag, remaining] if int(flag) == Some(1) => Ok(Reply::Acquired {
+                        fence: None,
+                        remaining: ms(int(remaining)).unwrap_or_default(),
+                    }),
+                    [flag, remaining, free] if int(flag) == Some(0) => Ok(Reply::Busy {
+                        busy: Busy {
+                            remaining: ms(int(remaining)),
+                            // Some permits are free, just not enough for us: another
+                            // local waiter that needs fewer may use the wake-up.
+                            pass_on: int(free).unwrap_or(0) > 0,
+                        },
+                        queued: false,
+                    }),
+                    [flag, existing] if int(flag) == Some(-1) => Err(Error::LimitMismatch {
+                        name: s.base.name.to_string(),
                         limit: s.limit,
                         existing: int(existing).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
-                    })
+                    }),
+                    _ => Err(s.base.op("acquire").bad_reply()),
                 }
-                _ => Err(bad_reply(&s.name, "acquire")),
-            }
-        })
-        .await?;
-        pending.disarm();
-        tracing::debug!(semaphore = %s.name, permits = n, "permits acquired");
+            })
+            .await?;
+        tracing::debug!(semaphore = %s.base.name, permits = n, "permits acquired");
         Ok(Permit {
-            held: Held::new(s.client.clone(), s.name.clone(), s.keys[0].clone(), token, lease),
+            core,
             semaphore: self.clone(),
             permits: n,
         })
     }
 
-    fn new_lease(&self, token: &Token, count: &Arc<str>, sent: Instant, remaining: Duration) -> Lease {
-        let s = &*self.shared;
-        let renew = ScriptCall::new(
-            &SEM_EXTEND,
-            s.keys.clone(),
-            Arc::new([
-                token.shared(),
-                count.clone(),
-                s.channel.clone(),
-                s.client.publish.clone(),
-            ]),
-        );
-        start_lease(
-            &s.client,
-            &s.name,
-            sent,
-            s.options.ttl,
-            remaining,
-            renew,
-            self.release_call(token, count),
-            s.options.auto_renew,
-        )
-    }
-
-    fn release_call(&self, token: &Token, count: &Arc<str>) -> ScriptCall {
+    /// A call of `script` (extend or release) for the `count` permits of `token`.
+    fn call(&self, script: &'static crate::script::LuaScript, token: &Token, count: &Arc<str>) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
-            &SEM_RELEASE,
+            script,
             s.keys.clone(),
             Arc::new([
                 token.shared(),
                 count.clone(),
                 s.channel.clone(),
-                s.client.publish.clone(),
+                s.base.ctx.publish.clone(),
             ]),
         )
     }
 
-    /// Gives back the `n` permits taken by one acquisition whose token is `token` (from
+    /// Gives back every permit taken by the acquisition whose token is `token` (from
     /// [`Permit::forget`], possibly in another process), and wakes as many waiters.
     ///
     /// # Cancel safety
@@ -390,21 +331,14 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for a bad `n`; [`Error::NotHeld`] when the token holds
-    /// no permit (released before, or lapsed); Redis errors.
-    pub async fn release_token(&self, token: &Token, n: u32) -> Result<()> {
-        self.check_count(n)?;
-        let s = &*self.shared;
-        let call = self.release_call(token, &n.to_string().into());
-        eval_by_token(
-            &s.client,
-            &s.name,
-            &s.keys[0],
-            "release",
-            call.script,
-            &call.cmd(),
-        )
-        .await
+    /// [`Error::NotHeld`] when the token holds no permit (released before, or lapsed);
+    /// Redis errors.
+    pub async fn release_token(&self, token: &Token) -> Result<()> {
+        let call = self.call(&SEM_RELEASE, token, &"0".into());
+        self.shared
+            .base
+            .by_token("release", &call.cmd(), call.script, None)
+            .await
     }
 
     /// How many permits are in use and free, and how many processes wait.
@@ -420,24 +354,15 @@ impl Semaphore {
     /// [`Error::WrongType`] when a key is not a semaphore's, and Redis errors.
     pub async fn status(&self) -> Result<SemaphoreStatus> {
         let s = &*self.shared;
+        let op = s.base.op("status");
         let cmd = SEM_STATUS.evalsha(&s.keys, &[] as &[&str], None);
         let (reply, waiters) = tokio::join!(
-            eval_retrying(
-                &s.client,
-                &s.name,
-                &s.keys[0],
-                "status",
-                &SEM_STATUS,
-                &cmd,
-                None,
-                None
-            ),
-            listeners(&s.client, &s.channel),
+            op.eval(&SEM_STATUS, &cmd, Deadline::Never, None),
+            s.base.ctx.listeners(&s.channel),
         );
         let reply = reply?;
-        let items = array(&reply).ok_or_else(|| bad_reply(&s.name, "status"))?;
-        let [stored, in_use, lapse] = items else {
-            return Err(bad_reply(&s.name, "status"));
+        let [stored, in_use, lapse] = array(&reply).unwrap_or_default() else {
+            return Err(op.bad_reply());
         };
         let in_use = int(in_use).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
         let limit = opt_string(stored)
@@ -470,15 +395,16 @@ impl Semaphore {
 #[must_use = "dropping the permit releases it"]
 #[derive(Debug)]
 pub struct Permit {
-    held: Held,
+    core: GuardCore,
     semaphore: Semaphore,
     permits: u32,
 }
 
+guard_surface!(Permit, "these permits belong to", fence: |_g| None);
+
 impl Permit {
-    /// The semaphore's name.
-    pub fn name(&self) -> &str {
-        self.semaphore.name()
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The semaphore these permits belong to.
@@ -489,50 +415,6 @@ impl Permit {
     /// How many permits this acquisition holds.
     pub fn permits(&self) -> u32 {
         self.permits
-    }
-
-    /// The acquisition's secret token (its permits are `<token>:1 ..= <token>:n` in the
-    /// permit set). Needed only to release from another process; never log it.
-    pub fn token(&self) -> &Token {
-        self.held.token()
-    }
-
-    /// The lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        self.held.lease()
-    }
-
-    /// Until when the holder may rely on the permits (see [`Lease::valid_until`]).
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.held.lease().valid_until()
-    }
-
-    /// Whether the lease is still valid.
-    pub fn is_held(&self) -> bool {
-        self.held.lease().is_held()
-    }
-
-    /// Completes when the lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.held.lease().lost().await
-    }
-
-    /// Sets the remaining lease of these permits to `ttl`, from now.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lease; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the permits were already lost;
-    /// Redis errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        self.held.extend(ttl).await
     }
 
     /// Gives the permits back and wakes as many waiters.
@@ -547,13 +429,13 @@ impl Permit {
     /// [`Error::NotHeld`] when the permits had already lapsed — someone else may have
     /// held them meanwhile; Redis errors.
     pub async fn release(self) -> Result<()> {
-        self.held.release().await
+        self.core.release().await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the permits stay held
     /// until their lease lapses or someone calls [`Semaphore::release_token`] with the
     /// returned token.
     pub fn forget(self) -> Token {
-        self.held.forget()
+        self.core.forget()
     }
 }

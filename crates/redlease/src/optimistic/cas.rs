@@ -2,9 +2,11 @@
 
 use redis::RedisError;
 
-use crate::conn::{CommandConnection, eval};
 use crate::error::{Error, Result};
-use crate::scripts::{CAS, array, int, opt_string};
+use crate::script::CAS;
+use crate::script::eval;
+use crate::script::reply::{array, int, opt_string};
+use crate::transport::CommandConnection;
 
 /// What [`compare_and_set`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]

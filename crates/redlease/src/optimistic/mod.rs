@@ -96,8 +96,8 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisError, Value};
 use tokio::time::Instant;
 
-use crate::conn::CommandConnection;
 use crate::error::{Error, Result, is_transient};
+use crate::transport::CommandConnection;
 
 mod cas;
 mod pool;

@@ -7,8 +7,8 @@ use redis::RedisResult;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::conn::CommandConnection;
 use crate::error::{Error, Result};
+use crate::transport::CommandConnection;
 
 /// Settings of a [`ConnectionPool`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

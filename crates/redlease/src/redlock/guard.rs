@@ -1,74 +1,121 @@
-//! The holder's side of a Redlock: the guard, and the task that renews its lease by
-//! quorum.
+//! The holder's side of a Redlock: the guard, and how the engine keeps its lease — a
+//! renewal round over all masters, an extend by quorum, a release everywhere.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use futures_util::future::BoxFuture;
 
-use super::{RedlockMutex, Renewal, call, fan_out};
+use super::{RedlockMutex, call, fan_out};
+use crate::engine::guard::{CustomKeeper, GuardCore, guard_surface};
+use crate::engine::lease::{LeaseState, LostReason, RenewRound, Renewal};
+use crate::engine::request::Claim;
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::lease::{Lease, LeaseShared, LostReason};
-use crate::scripts::int;
+use crate::script::reply::int;
 use crate::token::Token;
-use crate::wait::Pending;
 
-/// Keeps a quorum lease alive: one round over all masters every TTL/3.
-pub(super) async fn renew_loop(
-    mutex: RedlockMutex,
-    token: Token,
-    lease: Arc<LeaseShared>,
-    kick: Arc<Notify>,
-) {
-    loop {
-        if lease.ended().is_some() {
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep_until(lease.next_renewal()) => {}
-            _ = kick.notified() => continue,
-        }
-        if lease.ended().is_some() {
-            return;
-        }
-        let ttl = lease.ttl();
-        let epoch = lease.epoch();
-        match mutex.renew_round(&token, ttl).await {
-            // An extend() that went out meanwhile is authoritative.
-            Renewal::Confirmed { sent } if lease.epoch() == epoch => {
-                lease.confirm(sent, ttl);
-                tracing::trace!(lock = %lease.name, "quorum renewed");
+/// The renewal task's view of a Redlock lease: one round over all masters.
+#[derive(Debug)]
+pub(super) struct RenewRoundOf {
+    pub mutex: RedlockMutex,
+    pub token: Token,
+}
+
+impl RenewRound for RenewRoundOf {
+    fn renew(&self, ttl: Duration) -> BoxFuture<'static, Renewal> {
+        let (mutex, token) = (self.mutex.clone(), self.token.clone());
+        Box::pin(async move {
+            let outcome = mutex.renew_round(&token, ttl).await;
+            if matches!(outcome, Renewal::Gone) {
+                // A majority cannot come back: free the masters that still hold it.
+                mutex.release_everywhere(&token, ttl);
             }
-            Renewal::Confirmed { .. } => {}
-            Renewal::Gone => {
-                if lease.end(LostReason::Gone) {
-                    mutex.release_everywhere(&token, ttl);
-                }
-                return;
+            outcome
+        })
+    }
+}
+
+/// Extends and releases a Redlock lease by quorum.
+#[derive(Debug)]
+pub(super) struct Keeper {
+    pub mutex: RedlockMutex,
+    pub token: Token,
+}
+
+impl CustomKeeper for Keeper {
+    fn extend<'a>(&'a self, lease: &'a Arc<LeaseState>, ttl: Duration) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let name = self.mutex.name();
+            keys::ttl_ms(name, ttl)?;
+            let not_held = || Error::NotHeld {
+                name: name.to_owned(),
+            };
+            if lease.ended().is_some() {
+                return Err(not_held());
             }
-            Renewal::Unreachable { reachable, error } => {
-                let now = Instant::now();
-                let valid_until = lease.valid_until();
-                if now >= valid_until {
-                    if lease.end(LostReason::Expired) {
-                        mutex.release_everywhere(&token, ttl);
+            match self.mutex.renew_round_counted(&self.token, ttl).await {
+                (Renewal::Confirmed { sent }, ..) => {
+                    lease.set_ttl(ttl);
+                    lease.confirm(sent, ttl);
+                    if lease.auto_renew {
+                        self.mutex.nodes()[0].renewer.schedule(lease);
                     }
-                    return;
+                    Ok(())
                 }
-                tracing::debug!(
-                    lock = %lease.name, reachable, error = ?error.map(|e| e.to_string()),
-                    "quorum renewal failed; retrying"
-                );
-                let retry =
-                    (lease.interval() / 10).clamp(Duration::from_millis(20), Duration::from_millis(500));
-                tokio::select! {
-                    _ = tokio::time::sleep_until((now + retry).min(valid_until)) => {}
-                    _ = kick.notified() => {}
+                (Renewal::Gone, ..) => {
+                    if lease.end(LostReason::Gone) {
+                        self.mutex.release_everywhere(&self.token, lease.ttl());
+                    }
+                    Err(not_held())
+                }
+                (Renewal::Unreachable { .. }, reachable, error) => {
+                    Err(self.mutex.no_quorum("extend", reachable, error))
                 }
             }
-        }
+        })
+    }
+
+    fn release(&self, valid: bool, ttl: Duration) -> BoxFuture<'static, Result<()>> {
+        let (m, token) = (self.mutex.clone(), self.token.clone());
+        Box::pin(async move {
+            let limit = m.node_timeout(ttl);
+            let quorum = m.quorum();
+            let requests = m.nodes().iter().map(|node| {
+                let node = node.clone();
+                let release = m.release_call(&node, &token);
+                // Until this master answers, a cancelled or failed release must still happen.
+                let claim = Claim::new(node.clone(), &m.shared.name, release.clone(), ttl);
+                claim.arm();
+                async move {
+                    let reply = call(&node, release.script, &release.cmd(), limit).await;
+                    if reply.is_ok() {
+                        claim.disarm();
+                    }
+                    matches!(reply, Ok(v) if int(&v) == Some(1))
+                }
+            });
+            // Masters slower than a majority finish in the background.
+            let results = fan_out(requests, |r: &[Option<bool>]| {
+                r.iter().filter(|&&x| x == Some(true)).count() >= quorum
+            })
+            .await;
+            let released = results.into_iter().filter(|&r| r == Some(true)).count();
+            tracing::debug!(lock = %m.shared.name, released, "quorum lock released");
+            // A lease that ran out on the client while a majority kept the token was
+            // never lost on the servers.
+            if valid || released >= quorum {
+                Ok(())
+            } else {
+                Err(Error::NotHeld {
+                    name: m.shared.name.to_string(),
+                })
+            }
+        })
+    }
+
+    fn release_in_background(&self, ttl: Duration) {
+        self.mutex.release_everywhere(&self.token, ttl);
     }
 }
 
@@ -80,6 +127,10 @@ pub(super) async fn renew_loop(
 /// and one that cannot reach a majority before `valid_until` ends it with
 /// [`LostReason::Expired`]. Either way the remaining keys are released at once.
 ///
+/// Its `valid_until` is when the acquiring (or last confirmed renewing) round was
+/// sent, plus the shortest lease a majority granted, minus the drift margin — the
+/// algorithm's `ttl − elapsed − drift`.
+///
 /// There is no fencing token: see [`Redlock`](crate::Redlock) for why.
 ///
 /// # Drop
@@ -90,18 +141,16 @@ pub(super) async fn renew_loop(
 #[must_use = "dropping the guard releases the lock"]
 #[derive(Debug)]
 pub struct RedlockGuard {
+    pub(super) core: GuardCore,
     pub(super) mutex: RedlockMutex,
-    pub(super) token: Option<Token>,
-    pub(super) lease: Lease,
-    /// Wakes the renewal task: the TTL changed or the lease ended.
-    pub(super) kick: Arc<Notify>,
     pub(super) acquired: usize,
 }
 
+guard_surface!(RedlockGuard, "this guard holds", fence: |_g| None);
+
 impl RedlockGuard {
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.mutex.name()
+    fn core(&self) -> &GuardCore {
+        &self.core
     }
 
     /// The mutex this guard holds.
@@ -114,84 +163,6 @@ impl RedlockGuard {
     /// that grant it later hold it too, and renewal and release cover every master.
     pub fn acquired_on(&self) -> usize {
         self.acquired
-    }
-
-    /// The secret token stored on the masters. Never log it.
-    pub fn token(&self) -> &Token {
-        self.token
-            .as_ref()
-            .expect("token present until the guard is consumed")
-    }
-
-    /// The lease; clone it to watch for loss from another task.
-    pub fn lease(&self) -> &Lease {
-        &self.lease
-    }
-
-    /// Until when the holder may rely on the lock: when the acquiring (or last
-    /// confirmed renewing) round was sent, plus the shortest lease a majority granted,
-    /// minus the drift margin — the algorithm's `ttl − elapsed − drift`.
-    pub fn valid_until(&self) -> std::time::Instant {
-        self.lease.valid_until()
-    }
-
-    /// Whether the lease is still valid: not lost, and not past `valid_until`.
-    pub fn is_held(&self) -> bool {
-        self.lease.is_held()
-    }
-
-    /// Completes when the lease is lost (see [`Lease::lost`]).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe.
-    pub async fn lost(&self) -> LostReason {
-        self.lease.lost().await
-    }
-
-    /// Sets the remaining lease on every master to `ttl`, from now. Succeeds when a
-    /// majority confirmed it; auto-renewal (if on) continues with the new TTL.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future may or may not extend the lease; renewal continues either way.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lease was already lost or a
-    /// majority no longer holds the token (the lease then ends with
-    /// [`LostReason::Gone`]); [`Error::NoQuorum`] when too few masters answered (the
-    /// lease is unchanged).
-    pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        let name = self.mutex.name();
-        keys::ttl_ms(name, ttl)?;
-        let shared = &self.lease.shared;
-        if shared.ended().is_some() {
-            return Err(Error::NotHeld {
-                name: name.to_owned(),
-            });
-        }
-        // Makes a renewal round that is on its way now stale.
-        shared.bump_epoch();
-        match self.mutex.renew_round(self.token(), ttl).await {
-            Renewal::Confirmed { sent } => {
-                shared.set_ttl(ttl);
-                shared.confirm(sent, ttl);
-                self.kick.notify_one();
-                Ok(())
-            }
-            Renewal::Gone => {
-                if shared.end(LostReason::Gone) {
-                    self.mutex.release_everywhere(self.token(), shared.ttl());
-                }
-                Err(Error::NotHeld {
-                    name: name.to_owned(),
-                })
-            }
-            Renewal::Unreachable { reachable, error } => {
-                Err(self.mutex.no_quorum("extend", reachable, error))
-            }
-        }
     }
 
     /// Releases the lock on every master (compare-and-delete) and wakes waiters.
@@ -210,67 +181,13 @@ impl RedlockGuard {
     /// and a majority no longer held the token — the protected work may have
     /// overlapped another holder's. (A lease that ran out on the client while a
     /// majority kept the token was never lost on the servers: that release is `Ok`.)
-    pub async fn release(mut self) -> Result<()> {
-        let token = self
-            .token
-            .take()
-            .expect("token present until the guard is consumed");
-        let shared = self.lease.shared.clone();
-        let valid = shared.ended().is_none() && Instant::now() < shared.valid_until();
-        shared.end(LostReason::Released);
-        self.kick.notify_one();
-        let m = &self.mutex;
-        let ttl = shared.ttl();
-        let limit = m.node_timeout(ttl);
-        let quorum = m.quorum();
-        let requests = m.nodes().iter().map(|node| {
-            let node = node.clone();
-            let release = m.release_call(&node, &token);
-            // Until this master answers, a cancelled or failed release must still happen.
-            let pending = Pending::new(node.clone(), &m.shared.name, release.clone(), ttl);
-            pending.arm();
-            async move {
-                let reply = call(&node, release.script, &release.cmd(), limit).await;
-                if reply.is_ok() {
-                    pending.disarm();
-                }
-                matches!(reply, Ok(v) if int(&v) == Some(1))
-            }
-        });
-        // Masters slower than a majority finish in the background.
-        let results = fan_out(requests, |r: &[Option<bool>]| {
-            r.iter().filter(|&&x| x == Some(true)).count() >= quorum
-        })
-        .await;
-        let released = results.into_iter().filter(|&r| r == Some(true)).count();
-        tracing::debug!(lock = %m.shared.name, released, "quorum lock released");
-        if valid || released >= m.quorum() {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                name: m.shared.name.to_string(),
-            })
-        }
+    pub async fn release(self) -> Result<()> {
+        self.core.release().await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the lock stays held
     /// on the masters until its lease runs out.
-    pub fn forget(mut self) -> Token {
-        self.lease.shared.end(LostReason::Released);
-        self.kick.notify_one();
-        self.token
-            .take()
-            .expect("token present until the guard is consumed")
-    }
-}
-
-impl Drop for RedlockGuard {
-    fn drop(&mut self) {
-        if let Some(token) = self.token.take() {
-            let lease = &self.lease.shared;
-            lease.end(LostReason::Released);
-            self.kick.notify_one();
-            self.mutex.release_everywhere(&token, lease.ttl());
-        }
+    pub fn forget(self) -> Token {
+        self.core.forget()
     }
 }

@@ -20,23 +20,25 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 use redis::{Cmd, RedisError, Value};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{Client, ClientBuilder, ClientInner, LeaseOptions};
-use crate::conn::eval;
+use crate::engine::context::Context;
+use crate::engine::deadline::{Deadline, Wait, later};
+use crate::engine::guard::GuardCore;
+use crate::engine::lease::{Lease, LeaseState, Renew, Renewal, drift};
+use crate::engine::notify::{Subscription, WakeDebt};
+use crate::engine::request::{Claim, spawn_release};
 use crate::error::{Error, Result, is_transient};
 use crate::keys::{self, LockKeys};
-use crate::lease::{Lease, LeaseShared, ScriptCall, drift};
-use crate::notify::{Subscription, WakeDebt};
-use crate::scripts::{LuaScript, MUTEX_EXTEND, MUTEX_RELEASE, REDLOCK_ACQUIRE, array, int};
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, int};
+use crate::script::{LuaScript, MUTEX_EXTEND, MUTEX_RELEASE, REDLOCK_ACQUIRE, ScriptCall, eval};
 use crate::token::Token;
-use crate::wait::{Pending, spawn_release};
 
 mod guard;
 
 pub use guard::RedlockGuard;
-use guard::renew_loop;
+use guard::{Keeper, RenewRoundOf};
 
 /// Default upper bound on how long one master may take to answer one request.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -107,28 +109,15 @@ pub struct Redlock {
 
 #[derive(Clone, Debug)]
 struct RedlockShared {
-    nodes: Vec<Arc<ClientInner>>,
+    nodes: Vec<Arc<Context>>,
     quorum: usize,
     node_timeout: Duration,
 }
 
 impl Redlock {
-    /// A Redlock over the masters behind `clients`, one client per master.
-    ///
-    /// Every client must have been built for a different, independent master (this
-    /// cannot be checked) with the same key prefix (this is). An odd number of at
-    /// least three masters is the sensible choice; one master degenerates to a plain
-    /// lock without fencing, two need both.
-    ///
-    /// `Client::connect` fails for a master that is down; use
-    /// [`connect`](Redlock::connect) to start while a minority is down.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Config`] for an empty list, the same client given twice, or differing
-    /// key prefixes.
-    pub fn new(clients: Vec<Client>) -> Result<Redlock> {
-        let nodes: Vec<Arc<ClientInner>> = clients.into_iter().map(|c| c.inner).collect();
+    /// A Redlock over the masters behind `nodes`, one context per master (see
+    /// [`Redlock::new`], which checks the list).
+    pub(crate) fn from_contexts(nodes: Vec<Arc<Context>>) -> Result<Redlock> {
         let Some(first) = nodes.first() else {
             return Err(config(
                 "a Redlock needs at least one redis master (an odd number, three or more, to survive failures)",
@@ -151,59 +140,6 @@ impl Redlock {
                 node_timeout: DEFAULT_NODE_TIMEOUT,
             }),
         })
-    }
-
-    /// Connects to one master per `redis::Client` with the default client settings,
-    /// tolerating masters that are down: their connections are made when they come
-    /// back. Build the `redis::Client`s with [`TlsOptions::redis_client`](crate::TlsOptions::redis_client)
-    /// for TLS.
-    ///
-    /// Returns once every master was tried once: at once for masters that answer or
-    /// refuse the connection, after up to twice the 2 s connect timeout for one that
-    /// does not answer at all.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Redlock::new).
-    pub async fn connect(masters: Vec<redis::Client>) -> Result<Redlock> {
-        Self::connect_with(masters, |builder| builder).await
-    }
-
-    /// As [`connect`](Redlock::connect), with each master's [`ClientBuilder`] passed
-    /// through `configure` first (to set the prefix, owner label, ...). The command
-    /// connection is always redlease's own, so
-    /// [`connection`](ClientBuilder::connection) and
-    /// [`response_timeout`](ClientBuilder::response_timeout) are ignored; every request
-    /// to a master is bounded by the [node timeout](Redlock::node_timeout) instead.
-    ///
-    /// # Errors
-    ///
-    /// As [`new`](Redlock::new), and the errors of [`ClientBuilder::build`].
-    pub async fn connect_with(
-        masters: Vec<redis::Client>,
-        configure: impl Fn(ClientBuilder) -> ClientBuilder,
-    ) -> Result<Redlock> {
-        let builds = masters.into_iter().map(|redis| {
-            // A lazy connection: a master that is down now does not fail the Redlock.
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_response_timeout(Some(crate::client::DEFAULT_RESPONSE_TIMEOUT))
-                .set_connection_timeout(Some(Duration::from_secs(2)))
-                .set_number_of_retries(1);
-            let manager = redis::aio::ConnectionManager::new_lazy_with_config(redis.clone(), config);
-            let builder = configure(Client::builder(redis.clone()));
-            async move {
-                let manager = manager.map_err(|e| Error::Config {
-                    reason: format!(
-                        "cannot set up the connection to redis master {}",
-                        redis.get_connection_info().addr()
-                    ),
-                    source: Some(e),
-                })?;
-                builder.connection(manager).build().await
-            }
-        });
-        let clients = join_all(builds).await.into_iter().collect::<Result<Vec<_>>>()?;
-        Redlock::new(clients)
     }
 
     /// Sets the longest one master may take to answer one request (default 200 ms, and
@@ -239,9 +175,18 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
+    /// [`Error::InvalidName`] or [`Error::InvalidTtl`]; [`Error::InvalidArgument`] for a
+    /// [`ReplicaAck`](crate::ReplicaAck) policy, which a Redlock does not support (its
+    /// durability is the majority of masters).
     pub fn mutex_with(&self, name: &str, options: LeaseOptions) -> Result<RedlockMutex> {
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        if options.replica_ack.is_some() {
+            return Err(Error::InvalidArgument {
+                name: name.to_owned(),
+                what: "replica acknowledgement",
+                reason: "a Redlock does not wait for replicas: its durability is the majority of independent masters; leave the policy off".into(),
+            });
+        }
         let keys = LockKeys::new(&self.shared.nodes[0].prefix, name)?;
         Ok(RedlockMutex {
             shared: Arc::new(MutexShared {
@@ -312,7 +257,7 @@ struct Round {
     token: Token,
     /// One per master; dropping the last handle of a claim that may hold the token
     /// releases it in the background.
-    claims: Vec<Arc<Pending>>,
+    claims: Vec<Arc<Claim>>,
     /// One per master; `None`: still on its way when the outcome was decided.
     replies: Vec<Option<Reply>>,
 }
@@ -374,19 +319,6 @@ impl Round {
     }
 }
 
-/// What a renewal (or extend) round over all masters found.
-enum Renewal {
-    /// A majority extended the lease; it was sent at this instant.
-    Confirmed { sent: Instant },
-    /// Too many masters no longer hold the token: a majority cannot come back.
-    Gone,
-    /// Too many masters did not answer; the lease may still be held.
-    Unreachable {
-        reachable: usize,
-        error: Option<RedisError>,
-    },
-}
-
 impl RedlockMutex {
     /// The lock's name (without the prefix).
     pub fn name(&self) -> &str {
@@ -419,7 +351,7 @@ impl RedlockMutex {
     /// [`Error::Contended`] when someone else holds (part of) the lock so that no
     /// majority is possible now; [`Error::NoQuorum`] when too few masters answer.
     pub async fn try_lock(&self) -> Result<RedlockGuard> {
-        self.acquire(None).await
+        self.acquire(Wait::Try).await
     }
 
     /// Takes the lock, waiting for the holder as long as it takes.
@@ -435,7 +367,7 @@ impl RedlockMutex {
     ///
     /// [`Error::NoQuorum`] when too few masters answer.
     pub async fn lock(&self) -> Result<RedlockGuard> {
-        self.acquire(Some(None)).await
+        self.acquire(Wait::FOREVER).await
     }
 
     /// Takes the lock, waiting at most `timeout`.
@@ -449,10 +381,10 @@ impl RedlockMutex {
     /// [`Error::Timeout`] when the lock was not acquired in time, and
     /// [`Error::NoQuorum`] when too few masters answer.
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<RedlockGuard> {
-        self.acquire(Some(Some(Instant::now() + timeout))).await
+        self.acquire(Wait::timeout(timeout)).await
     }
 
-    fn nodes(&self) -> &[Arc<ClientInner>] {
+    fn nodes(&self) -> &[Arc<Context>] {
         &self.shared.redlock.nodes
     }
 
@@ -469,7 +401,7 @@ impl RedlockMutex {
             .max(Duration::from_millis(1))
     }
 
-    fn release_call(&self, node: &ClientInner, token: &Token) -> ScriptCall {
+    fn release_call(&self, node: &Context, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
             &MUTEX_RELEASE,
@@ -478,7 +410,7 @@ impl RedlockMutex {
         )
     }
 
-    fn extend_call(&self, node: &ClientInner, token: &Token) -> ScriptCall {
+    fn extend_call(&self, node: &Context, token: &Token) -> ScriptCall {
         ScriptCall::new(
             &MUTEX_EXTEND,
             self.shared.keys.clone(),
@@ -497,14 +429,14 @@ impl RedlockMutex {
         }
     }
 
-    async fn acquire(&self, wait: Option<Option<Instant>>) -> Result<RedlockGuard> {
+    async fn acquire(&self, wait: Wait) -> Result<RedlockGuard> {
         let s = &*self.shared;
         let nodes = self.nodes();
         let quorum = self.quorum();
         let ttl = s.options.ttl;
         let retry_window = nodes[0].retry_window;
         let started = Instant::now();
-        let deadline = wait.flatten();
+        let deadline = wait.deadline();
         let mut subs: Vec<Subscription> = Vec::new();
         let mut debt: Option<WakeDebt> = None;
         let mut unreachable_since: Option<Instant> = None;
@@ -543,9 +475,10 @@ impl RedlockMutex {
                 // No majority is possible whoever holds the lock: retry for the retry
                 // window, unless every failure was a definite refusal.
                 let since = *unreachable_since.get_or_insert(round.start);
+                let next = later(now, backoff);
                 let give_up = !(round.any_transient() || too_late)
-                    || now + backoff > since + retry_window
-                    || deadline.is_some_and(|d| now + backoff > d);
+                    || Deadline::from(since, retry_window).before(next)
+                    || deadline.before(next);
                 let reachable = if too_late { 0 } else { round.reachable() };
                 if give_up {
                     let source = round.first_error().cloned().or_else(|| {
@@ -562,13 +495,13 @@ impl RedlockMutex {
             unreachable_since = None;
             backoff = RETRY_FIRST;
             let remaining = round.busy_remaining();
-            if wait.is_none() {
+            if !wait.waits() {
                 return Err(Error::Contended {
                     name: s.name.to_string(),
                     remaining,
                 });
             }
-            if deadline.is_some_and(|d| now >= d) {
+            if deadline.passed() {
                 return Err(timeout(&s.name, started));
             }
             if acquired > 0 {
@@ -581,8 +514,8 @@ impl RedlockMutex {
             if subs.is_empty() {
                 tracing::debug!(lock = %s.name, "busy; waiting for a release on any master");
                 subs = nodes.iter().map(|n| n.notifier.subscribe(&s.channel)).collect();
-                let wait_for = deadline.map_or(nodes[0].subscribe_timeout, |d| {
-                    d.saturating_duration_since(now).min(nodes[0].subscribe_timeout)
+                let wait_for = deadline.remaining().map_or(nodes[0].subscribe_timeout, |left| {
+                    left.min(nodes[0].subscribe_timeout)
                 });
                 join_all(round.busy().map(|i| subs[i].ready(wait_for))).await;
                 continue;
@@ -592,23 +525,24 @@ impl RedlockMutex {
             // keeps a waiter that can never win from spinning.
             let watched: Vec<usize> = round.busy().collect();
             let fallback = remaining.unwrap_or(ttl).max(Duration::from_millis(1));
-            let mut wake_at = now + fallback + random_up_to(fallback / 10 + Duration::from_millis(5));
-            if let Some(d) = deadline {
-                wake_at = wake_at.min(d);
-            }
+            let wake_at = Deadline::At(later(
+                now,
+                fallback.saturating_add(random_up_to(fallback / 10 + Duration::from_millis(5))),
+            ))
+            .min(deadline);
             // A wake-up that arrived while the round was on its way is a permit already
             // waiting, so this returns at once for it.
             let woken = if watched.is_empty() {
-                tokio::time::sleep_until(wake_at).await;
+                wake_at.sleep().await;
                 None
             } else {
                 let wakes: Vec<_> = watched.iter().map(|&i| Box::pin(subs[i].woken())).collect();
                 tokio::select! {
                     (_, index, _) = select_all(wakes) => Some(watched[index]),
-                    _ = tokio::time::sleep_until(wake_at) => None,
+                    _ = wake_at.sleep() => None,
                 }
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if deadline.passed() {
                 if let Some(i) = woken {
                     subs[i].pass_on();
                 }
@@ -626,30 +560,20 @@ impl RedlockMutex {
     /// answer then finishes in the background, and its claim is released if it took
     /// the key. A round that is missing answers is not decided before they come (or
     /// time out), so its rollback and its error report are complete.
-    async fn round(&self, deadline: Option<Instant>) -> Round {
+    async fn round(&self, deadline: Deadline) -> Round {
         let s = &*self.shared;
         let nodes = self.nodes();
         let ttl = s.options.ttl;
         let quorum = self.quorum();
         let mut limit = self.node_timeout(ttl);
-        if let Some(d) = deadline {
-            limit = limit.min(
-                d.saturating_duration_since(Instant::now())
-                    .max(Duration::from_millis(1)),
-            );
+        if let Some(left) = deadline.remaining() {
+            limit = limit.min(left.max(Duration::from_millis(1)));
         }
         let token = Token::generate();
         let cmd = Arc::new(REDLOCK_ACQUIRE.evalsha(&s.keys[..1], &[token.expose(), &s.ttl_arg], None));
-        let claims: Vec<Arc<Pending>> = nodes
+        let claims: Vec<Arc<Claim>> = nodes
             .iter()
-            .map(|n| {
-                Arc::new(Pending::new(
-                    n.clone(),
-                    &s.name,
-                    self.release_call(n, &token),
-                    ttl,
-                ))
-            })
+            .map(|n| Arc::new(Claim::new(n.clone(), &s.name, self.release_call(n, &token), ttl)))
             .collect();
         let start = Instant::now();
         let requests = nodes.iter().zip(&claims).map(|(node, claim)| {
@@ -710,30 +634,28 @@ impl RedlockMutex {
 
     fn guard(&self, token: Token, start: Instant, remaining: Duration, acquired: usize) -> RedlockGuard {
         let s = &*self.shared;
-        let node = &self.nodes()[0];
-        let shared = LeaseShared::new(
+        let round = Arc::new(RenewRoundOf {
+            mutex: self.clone(),
+            token: token.clone(),
+        });
+        let state = LeaseState::new(
             s.name.clone(),
             start,
             s.options.ttl,
             remaining,
-            self.extend_call(node, &token),
-            self.release_call(node, &token),
+            Renew::Round(round),
             s.options.auto_renew,
         );
-        let kick = Arc::new(Notify::new());
-        if s.options.auto_renew {
-            tokio::spawn(renew_loop(
-                self.clone(),
-                token.clone(),
-                shared.clone(),
-                kick.clone(),
-            ));
+        if state.auto_renew {
+            self.nodes()[0].renewer.schedule(&state);
         }
-        RedlockGuard {
+        let keeper = Arc::new(Keeper {
             mutex: self.clone(),
-            token: Some(token),
-            lease: Lease { shared },
-            kick,
+            token: token.clone(),
+        });
+        RedlockGuard {
+            core: GuardCore::custom(keeper, s.keys[0].clone(), token, Lease::new(state)),
+            mutex: self.clone(),
             acquired,
         }
     }
@@ -741,6 +663,21 @@ impl RedlockMutex {
     /// One compare-and-`PEXPIRE` round over every master, decided as soon as a
     /// majority confirmed, or so many masters lost the token that no majority can.
     async fn renew_round(&self, token: &Token, ttl: Duration) -> Renewal {
+        match self.renew_round_counted(token, ttl).await {
+            (Renewal::Unreachable { error }, reachable, _) => {
+                tracing::debug!(lock = %self.shared.name, reachable, ?error, "quorum renewal failed");
+                Renewal::Unreachable { error }
+            }
+            (outcome, ..) => outcome,
+        }
+    }
+
+    /// A renewal round, how many masters answered, and the first failure.
+    async fn renew_round_counted(
+        &self,
+        token: &Token,
+        ttl: Duration,
+    ) -> (Renewal, usize, Option<RedisError>) {
         let nodes = self.nodes();
         let quorum = self.quorum();
         let limit = self.node_timeout(ttl);
@@ -764,19 +701,19 @@ impl RedlockMutex {
         .await;
         let confirmed = results.iter().filter(|r| held(r)).count();
         let failed = results.iter().filter(|r| !matches!(r, Some(Ok(_)))).count();
-        if confirmed >= quorum && Instant::now() < sent + ttl.saturating_sub(drift(ttl)) {
-            return Renewal::Confirmed { sent };
+        let reachable = nodes.len() - failed;
+        let first = results
+            .into_iter()
+            .flatten()
+            .find_map(|r| r.err().map(|(e, _)| e));
+        if confirmed >= quorum && Instant::now() < later(sent, ttl.saturating_sub(drift(ttl))) {
+            return (Renewal::Confirmed { sent }, reachable, first);
         }
         if confirmed + failed < quorum {
-            return Renewal::Gone;
+            return (Renewal::Gone, reachable, first);
         }
-        Renewal::Unreachable {
-            reachable: nodes.len() - failed,
-            error: results
-                .into_iter()
-                .flatten()
-                .find_map(|r| r.err().map(|(e, _)| e)),
-        }
+        let error = first.as_ref().map(ToString::to_string);
+        (Renewal::Unreachable { error }, reachable, first)
     }
 
     /// Releases `token` on every master in the background.
@@ -795,7 +732,7 @@ impl RedlockMutex {
 /// Runs one script call on one master within `limit`. On failure, also says whether
 /// the request may have been executed.
 async fn call(
-    node: &ClientInner,
+    node: &Context,
     script: &LuaScript,
     cmd: &Cmd,
     limit: Duration,
@@ -887,10 +824,6 @@ fn random_up_to(max: Duration) -> Duration {
     Duration::from_micros(getrandom::u64().unwrap_or(0) % max)
 }
 
-async fn sleep_bounded(pause: Duration, deadline: Option<Instant>) {
-    let mut until = Instant::now() + pause;
-    if let Some(d) = deadline {
-        until = until.min(d);
-    }
-    tokio::time::sleep_until(until).await;
+async fn sleep_bounded(pause: Duration, deadline: Deadline) {
+    Deadline::after(pause).min(deadline).sleep().await;
 }

@@ -3,7 +3,8 @@
 -- KEYS[1]  permits   <prefix><name>
 -- KEYS[2]  limit     {<key>}:limit
 -- ARGV[1]  token     the acquisition's token
--- ARGV[2]  count     how many permits it holds
+-- ARGV[2]  count     how many permits it holds, or '0' when the caller does not know
+--                    (a release by token): every permit of the token goes
 -- ARGV[3]  channel   wake-up channel {<key>}:wake
 -- ARGV[4]  publish   'PUBLISH' or 'SPUBLISH'
 --
@@ -16,11 +17,20 @@
 -- permit. Five calls while other permits are held.
 local now = server_ms()
 local freed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local members = {}
-for i = 1, tonumber(ARGV[2]) do
-  members[i] = ARGV[1] .. ':' .. i
+local removed = 0
+local count = tonumber(ARGV[2])
+if count > 0 then
+  local members = {}
+  for i = 1, count do
+    members[i] = ARGV[1] .. ':' .. i
+  end
+  removed = redis.call('ZREM', KEYS[1], unpack(members))
+else
+  -- An acquisition's permits are <token>:1 ..= <token>:n.
+  while redis.call('ZREM', KEYS[1], ARGV[1] .. ':' .. (removed + 1)) == 1 do
+    removed = removed + 1
+  end
 end
-local removed = redis.call('ZREM', KEYS[1], unpack(members))
 freed = freed + removed
 if freed > 0 then
   if redis.call('EXISTS', KEYS[1]) == 0 then

@@ -1,11 +1,18 @@
-//! The Lua scripts: one file per state change, each with a header listing its KEYS,
-//! ARGV and replies. A script is an immutable value whose SHA1 is computed once; it
-//! runs through EVALSHA and is loaded at most once more when the server answers
-//! NOSCRIPT (after a restart or `SCRIPT FLUSH`).
+//! The script layer: the Lua scripts, one file per state change, each with a header
+//! listing its KEYS, ARGV and replies; the [`LuaScript`] value (its SHA1 computed
+//! once) and [`ScriptCall`] (a script with its keys and arguments); running them with
+//! EVALSHA, loading a script at most once more when the server answers NOSCRIPT (after
+//! a restart or `SCRIPT FLUSH`), alone or in batches (`invoke`); and reading their
+//! replies (`reply`).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
-use redis::{Cmd, Value};
+use redis::Cmd;
+
+mod invoke;
+pub(crate) mod reply;
+
+pub(crate) use invoke::{eval, eval_batch, eval_then, preload};
 
 /// A Lua script with its SHA1, ready for EVALSHA.
 pub(crate) struct LuaScript {
@@ -67,6 +74,42 @@ impl LuaScript {
     #[cfg(test)]
     pub fn code(&self) -> &str {
         &self.code
+    }
+}
+
+/// A script call: the script, its keys and its leading arguments, shared cheaply
+/// between a guard, its lease and the renewal task. Renewal and extend calls get the
+/// TTL in milliseconds appended as their last argument.
+#[derive(Clone)]
+pub(crate) struct ScriptCall {
+    pub script: &'static LuaScript,
+    pub keys: Arc<[Arc<str>]>,
+    pub args: Arc<[Arc<str>]>,
+}
+
+impl ScriptCall {
+    pub fn new(script: &'static LuaScript, keys: Arc<[Arc<str>]>, args: Arc<[Arc<str>]>) -> Self {
+        ScriptCall { script, keys, args }
+    }
+
+    /// The call as an EVALSHA command.
+    pub fn cmd(&self) -> Cmd {
+        self.script.evalsha(&self.keys, &self.args, None)
+    }
+
+    /// The call with `ttl_ms` appended as its last argument.
+    pub fn cmd_with_ttl(&self, ttl_ms: u64) -> Cmd {
+        self.script.evalsha(&self.keys, &self.args, Some(ttl_ms))
+    }
+}
+
+/// Arguments carry tokens, so `Debug` shows only the script and its keys.
+impl std::fmt::Debug for ScriptCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptCall")
+            .field("script", &self.script.name)
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
     }
 }
 
@@ -161,49 +204,6 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_STATUS,
         &REDLOCK_ACQUIRE,
     ]
-}
-
-/// Loads every script into the server's cache in one round trip, so that the first
-/// acquire is a single EVALSHA. Best effort: a failure here only means the first use
-/// of a script pays one NOSCRIPT reload.
-pub(crate) async fn preload(conn: &dyn crate::conn::CommandConnection) {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    for script in all() {
-        pipe.add_command(script.load_cmd());
-    }
-    if let Err(e) = conn.send_pipeline(&pipe).await {
-        tracing::debug!(error = %e, "could not preload scripts");
-    }
-}
-
-/// Reads an integer out of a script reply element.
-pub(crate) fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::SimpleString(s) => s.parse().ok(),
-        Value::Double(d) => Some(*d as i64),
-        _ => None,
-    }
-}
-
-/// Reads an optional string out of a script reply element (Lua `false` is nil).
-pub(crate) fn opt_string(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        _ => None,
-    }
-}
-
-/// The elements of an array reply.
-pub(crate) fn array(v: &Value) -> Option<&[Value]> {
-    match v {
-        Value::Array(items) => Some(items),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

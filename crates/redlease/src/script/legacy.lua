@@ -70,12 +70,17 @@ end
 -- Stores stamp = now + timeout + 1 (the old protocol's value) for this acquisition and
 -- returns how long other clients will respect it: until the stamp itself, by Redis's
 -- clock (a client treating "stamp == now" as expired takes over from then on).
-local function write(token, unit, timeout_ms, now, now_ms)
+-- next_stamp(unit, timeout_ms, now) -> now + timeout + 1, in the unit
+local function next_stamp(unit, timeout_ms, now)
   local span = timeout_ms
   if unit == 's' then
     span = math.ceil(timeout_ms / 1000)
   end
-  local stamp = now + span + 1
+  return now + span + 1
+end
+
+local function write(token, unit, timeout_ms, now, now_ms)
+  local stamp = next_stamp(unit, timeout_ms, now)
   local value = string.format('%.0f', stamp)
   local at = expires_ms(stamp, unit) + 1000
   redis.call('SET', KEYS[1], value, 'PXAT', at)

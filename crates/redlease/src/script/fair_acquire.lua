@@ -27,10 +27,27 @@
 --                             our entry (the waiter must heartbeat it)
 --
 -- Idempotent: a retried request finds its token in the lock, or its entry in the queue
--- (it keeps its ticket, hence its place). Five calls when the lock is free and nobody
+-- (it keeps its ticket, hence its place). Seven calls when the lock is free and nobody
 -- waits.
+-- Every key is read before anything is written, so a key of the wrong type fails the
+-- call (WRONGTYPE) with nothing changed.
+local current = redis.call('GET', KEYS[1])
 local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+redis.call('ZSCORE', KEYS[4], ARGV[2])
+if current == ARGV[1] then
+  -- Ours already: a retry of a request whose reply was lost.
+  local pttl = redis.call('PTTL', KEYS[1])
+  if meta_token == ARGV[1] then
+    return {1, prev, pttl}
+  end
+  -- Our lock, but its metadata was lost: issue a fresh fence.
+  local fence, now_ms = next_fence(prev)
+  redis.call('SET', KEYS[2],
+    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[4],
+    'PX', math.max(pttl, 1) + tonumber(ARGV[5]))
+  return {1, fence, pttl}
+end
 local now = nil
 local head_changed = false
 if head and head ~= ARGV[2] then
@@ -40,7 +57,8 @@ if head and head ~= ARGV[2] then
     head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   end
 end
-if (not head or head == ARGV[2]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[3]) then
+if not current and (not head or head == ARGV[2]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
   if head then
     redis.call('ZREM', KEYS[3], ARGV[2])
     redis.call('ZREM', KEYS[4], ARGV[2])
@@ -51,17 +69,9 @@ if (not head or head == ARGV[2]) and redis.call('SET', KEYS[1], ARGV[1], 'NX', '
     'PX', tonumber(ARGV[3]) + tonumber(ARGV[5]))
   return fence
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[1] then
-  if meta_token == ARGV[1] then
-    return {1, prev, pttl}
-  end
-  -- Our lock, but its metadata was lost: issue a fresh fence.
-  local fence, now_ms = next_fence(prev)
-  redis.call('SET', KEYS[2],
-    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[4],
-    'PX', math.max(pttl, 1) + tonumber(ARGV[5]))
-  return {1, fence, pttl}
+local pttl = -2
+if current then
+  pttl = redis.call('PTTL', KEYS[1])
 end
 if head_changed then
   -- A dead head was pruned while the lock is free: its successor must hear of it.

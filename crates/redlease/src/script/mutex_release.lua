@@ -7,10 +7,10 @@
 -- ARGV[3]  publish   'PUBLISH' (standalone) or 'SPUBLISH' (cluster)
 --
 -- Reply:  1  released by this call
---         0  the lock is held by another token; nothing was changed
 --        -1  the lock is free and this token was its last holder: an earlier attempt
 --            of this release succeeded (its reply was lost), or the lease expired
---        -2  the lock is free and this token was not its last holder
+--         0  the token does not hold the lock: it is held by another token, or free
+--            after another holder; nothing was changed
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -24,4 +24,4 @@ local _, _, token = parse_meta(redis.call('GET', KEYS[2]))
 if token == ARGV[1] then
   return -1
 end
-return -2
+return 0

@@ -34,6 +34,8 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use tokio::sync::{Semaphore, mpsc, watch};
 
+use crate::transport::value::text;
+
 /// How long a subscribe or ping may take before the connection is considered broken.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often an idle subscribed connection is pinged to detect a dead peer.
@@ -424,14 +426,6 @@ fn ping(mut conn: redis::cluster_async::ClusterConnection) -> BoxFuture<'static,
             tokio::time::timeout(COMMAND_TIMEOUT, redis::cmd("PING").query_async(&mut conn)).await;
         Done::Pinged(matches!(pong, Ok(Ok(_))))
     })
-}
-
-fn text(v: &redis::Value) -> Option<&str> {
-    match v {
-        redis::Value::BulkString(b) => std::str::from_utf8(b).ok(),
-        redis::Value::SimpleString(s) => Some(s),
-        _ => None,
-    }
 }
 
 /// The sharded pub/sub task of a cluster client.

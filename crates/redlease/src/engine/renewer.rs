@@ -4,9 +4,10 @@
 //! TTL after the last confirmation). Each tick renews every lease that is due — and
 //! those due soon, so that leases taken at slightly different times share ticks — in
 //! one pipelined round trip (one per node on a cluster), instead of one timer task per
-//! lock. A renewal that finds the token gone ends the lease as `Gone`; one that fails
-//! (Redis unreachable, slow) is retried until the lease's `valid_until`, where it ends
-//! as `Expired`.
+//! lock. A Redlock lease is renewed in the same tick by a round over its masters. A
+//! renewal that finds the token gone ends the lease as `Gone`; one that fails (Redis
+//! unreachable, slow) is retried until the lease's `valid_until`, where it ends as
+//! `Expired`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,9 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
-use crate::conn::{Batching, CommandConnection, eval_batch};
-use crate::lease::{LeaseShared, LostReason};
-use crate::scripts::int;
+use super::deadline::later;
+use super::lease::{LeaseState, LostReason, Renew, Renewal};
+use crate::script::eval_batch;
+use crate::script::reply::int;
+use crate::transport::{Batching, CommandConnection};
 
 /// Leases due within this fraction of their interval are renewed in the same tick.
 ///
@@ -35,11 +38,11 @@ const COALESCE_CAP: Duration = Duration::from_secs(5);
 const RETRY_CAP: Duration = Duration::from_millis(500);
 
 struct Entry {
-    lease: Arc<LeaseShared>,
+    lease: Arc<LeaseState>,
     epoch: u64,
 }
 
-type Scheduled = (Arc<LeaseShared>, Instant, u64);
+type Scheduled = (Arc<LeaseState>, Instant, u64);
 
 /// Counters of one client's renewal work.
 #[derive(Debug, Default)]
@@ -96,7 +99,7 @@ impl Renewer {
 
     /// (Re)schedules `lease` to be renewed at its next due time; an earlier schedule of
     /// the same lease is dropped.
-    pub fn schedule(&self, lease: &Arc<LeaseShared>) {
+    pub fn schedule(&self, lease: &Arc<LeaseState>) {
         let epoch = lease.bump_epoch();
         let due = lease.next_renewal();
         self.inbox
@@ -129,7 +132,7 @@ async fn run(
         seq += 1;
         queue.insert((due, seq), Entry { lease, epoch });
     };
-    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let far = later(Instant::now(), Duration::from_secs(365 * 24 * 3600));
     let sleep = tokio::time::sleep_until(far);
     tokio::pin!(sleep);
     loop {
@@ -175,14 +178,14 @@ async fn run(
 }
 
 /// Removes and returns the live leases that are due now or within their coalescing window.
-fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared>, u64)> {
+fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseState>, u64)> {
     let now = Instant::now();
-    let horizon = now + COALESCE_CAP;
+    let horizon = later(now, COALESCE_CAP);
     let mut keys = Vec::new();
     for (&(due, seq), entry) in queue.range(..(horizon, u64::MAX)) {
         let stale = entry.epoch != entry.lease.epoch() || entry.lease.ended().is_some();
         let window = (entry.lease.interval() / COALESCE_DIVISOR).min(COALESCE_CAP);
-        if stale || due <= now + window {
+        if stale || due <= later(now, window) {
             keys.push((due, seq));
         }
     }
@@ -196,53 +199,89 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseShared
     batch
 }
 
-/// Renews a batch in one round trip; returns the leases to requeue with their due times.
+/// Renews a batch: the script leases in one round trip (one per node on a cluster),
+/// the others by their own rounds, all at once. Returns the leases to requeue with
+/// their due times.
 async fn renew(
     conn: &dyn CommandConnection,
     batching: &Batching,
-    batch: Vec<(Arc<LeaseShared>, u64)>,
+    batch: Vec<(Arc<LeaseState>, u64)>,
     counters: &RenewalCounters,
-) -> Vec<(Arc<LeaseShared>, Instant, u64)> {
-    let calls: Vec<_> = batch
-        .iter()
-        .map(|(lease, _)| (lease.renew.script, lease.renew.cmd_with_ttl(lease.ttl_ms())))
-        .collect();
+) -> Vec<(Arc<LeaseState>, Instant, u64)> {
+    // The TTL each request asks for, read once: an extend may change it meanwhile.
     let ttls: Vec<Duration> = batch.iter().map(|(l, _)| l.ttl()).collect();
+    let mut calls = Vec::new();
+    let mut rounds = Vec::new();
+    for (i, (lease, _)) in batch.iter().enumerate() {
+        match &lease.renew {
+            Renew::Script(call) => calls.push((call.script, call.cmd_with_ttl(ttls[i].as_millis() as u64))),
+            Renew::Round(round) => rounds.push(round.renew(ttls[i])),
+        }
+    }
     let sent = Instant::now();
-    let (results, round_trips) = eval_batch(conn, &calls, batching).await;
+    let ((results, round_trips), round_results) = tokio::join!(
+        eval_batch(conn, batching, &calls),
+        futures_util::future::join_all(rounds)
+    );
     counters.ticks.fetch_add(1, Ordering::Relaxed);
     counters.round_trips.fetch_add(round_trips, Ordering::Relaxed);
     tracing::trace!(leases = batch.len(), elapsed = ?sent.elapsed(), "renewal tick");
+    let mut scripts = results.into_iter().map(|result| match result {
+        Ok(reply) if int(&reply) == Some(1) => Renewal::Confirmed { sent },
+        Ok(_) => Renewal::Gone,
+        Err(e) => Renewal::Unreachable {
+            error: Some(e.to_string()),
+        },
+    });
+    let mut rounds = round_results.into_iter();
     let mut requeue = Vec::with_capacity(batch.len());
-    for (((lease, epoch), ttl), result) in batch.into_iter().zip(ttls).zip(results) {
-        match result {
-            Ok(reply) if int(&reply) == Some(1) => {
-                lease.confirm(sent, ttl);
-                counters.renewed.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(lock = %lease.name, "renewed");
-                let due = lease.next_renewal();
-                requeue.push((lease, due, epoch));
-            }
-            Ok(_) => {
-                if lease.end(LostReason::Gone) {
-                    counters.lost.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Err(err) => {
-                let now = Instant::now();
-                let valid_until = lease.valid_until();
-                if now >= valid_until {
-                    tracing::warn!(lock = %lease.name, error = %err, "renewal failed and the lease ran out");
-                    if lease.end(LostReason::Expired) {
-                        counters.lost.fetch_add(1, Ordering::Relaxed);
-                    }
-                } else {
-                    tracing::debug!(lock = %lease.name, error = %err, "renewal failed; retrying");
-                    let retry = (lease.interval() / 10).clamp(Duration::from_millis(20), RETRY_CAP);
-                    requeue.push((lease, (now + retry).min(valid_until), epoch));
-                }
-            }
+    for ((lease, epoch), ttl) in batch.into_iter().zip(ttls) {
+        let outcome = match lease.renew {
+            Renew::Script(_) => scripts.next(),
+            Renew::Round(_) => rounds.next(),
+        };
+        let outcome = outcome.unwrap_or(Renewal::Unreachable { error: None });
+        if let Some(due) = settle(&lease, ttl, outcome, counters) {
+            requeue.push((lease, due, epoch));
         }
     }
     requeue
+}
+
+/// Applies what a renewal found to its lease; returns when to renew it next, if ever.
+fn settle(
+    lease: &LeaseState,
+    ttl: Duration,
+    outcome: Renewal,
+    counters: &RenewalCounters,
+) -> Option<Instant> {
+    match outcome {
+        Renewal::Confirmed { sent } => {
+            lease.confirm(sent, ttl);
+            counters.renewed.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(lock = %lease.name, "renewed");
+            Some(lease.next_renewal())
+        }
+        Renewal::Gone => {
+            if lease.end(LostReason::Gone) {
+                counters.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            None
+        }
+        Renewal::Unreachable { error } => {
+            let now = Instant::now();
+            let valid_until = lease.valid_until();
+            if now >= valid_until {
+                tracing::warn!(lock = %lease.name, error = ?error, "renewal failed and the lease ran out");
+                if lease.end(LostReason::Expired) {
+                    counters.lost.fetch_add(1, Ordering::Relaxed);
+                }
+                None
+            } else {
+                tracing::debug!(lock = %lease.name, error = ?error, "renewal failed; retrying");
+                let retry = (lease.interval() / 10).clamp(Duration::from_millis(20), RETRY_CAP);
+                Some(later(now, retry).min(valid_until))
+            }
+        }
+    }
 }

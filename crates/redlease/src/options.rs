@@ -1,4 +1,7 @@
-//! Replica acknowledgement: an opt-in durability policy per lock.
+//! The options of a lock: its lease (length, automatic renewal) and an opt-in
+//! durability policy, replica acknowledgement.
+//!
+//! # Replica acknowledgement
 //!
 //! Redis replicates asynchronously. A master answers an acquire before any replica has
 //! the lock, so a failover in the next moments can promote a replica that never saw it,
@@ -26,14 +29,78 @@
 
 use std::time::Duration;
 
-use redis::{Cmd, RedisResult, Value};
-use tokio::time::Instant;
+use redis::Cmd;
 
-use crate::client::ClientInner;
-use crate::conn::{CommandConnection, is_noscript};
 use crate::error::{Error, Result};
-use crate::scripts::{LuaScript, int};
-use crate::wait::{Pending, retrying};
+
+/// Default lease length.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "redlease:";
+/// Default time a lock's metadata (fencing mark, owner, release record) outlives the lease.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
+/// Default time a request that may have failed temporarily is retried.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(3);
+/// Default per-command reply timeout of the connection redlease opens itself.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Options for one lock: how long its leases last and whether they renew themselves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseOptions {
+    /// Lease length (default 30 s). The lock frees itself this long after its holder
+    /// stops renewing it.
+    pub ttl: Duration,
+    /// Renew the lease every `ttl / 3` until it is released (default `true`).
+    pub auto_renew: bool,
+    /// Wait for replicas to acknowledge each acquire and extend (default: off, no
+    /// `WAIT` is sent). See [`ReplicaAck`].
+    pub replica_ack: Option<ReplicaAck>,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            ttl: DEFAULT_TTL,
+            auto_renew: true,
+            replica_ack: None,
+        }
+    }
+}
+
+impl LeaseOptions {
+    /// The defaults: 30 s leases with auto-renewal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the lease length (at least 10 ms, at most 30 days; checked when the lock is made).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Turns auto-renewal on or off. Without it the lease ends `ttl` after it was
+    /// acquired (or last extended) unless the holder calls `extend`.
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
+        self
+    }
+
+    /// After each acquire and extend, waits for replicas as `policy` says (checked when
+    /// the lock is made). See [`ReplicaAck`] for what this does and does not protect.
+    pub fn replica_ack(mut self, policy: ReplicaAck) -> Self {
+        self.replica_ack = Some(policy);
+        self
+    }
+
+    /// Shorthand for `replica_ack(ReplicaAck::new(replicas))`: `replicas` replicas must
+    /// acknowledge each acquire and extend within 500 ms, or the lock is released and
+    /// the call fails with [`Error::NotReplicated`]. (The CLI's `--wait-replicas K`.)
+    pub fn wait_replicas(self, replicas: u32) -> Self {
+        self.replica_ack(ReplicaAck::new(replicas))
+    }
+}
 
 /// What happens when fewer replicas than required acknowledged an acquire or extend
 /// before the timeout.
@@ -153,72 +220,9 @@ impl ReplicaAck {
         Ok(())
     }
 
-    fn wait_cmd(&self) -> Cmd {
+    pub(crate) fn wait_cmd(&self) -> Cmd {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
         cmd
-    }
-}
-
-/// Runs a script call followed by `WAIT` in one pipeline, retrying temporary failures
-/// like [`eval_retrying`](crate::wait::eval_retrying); returns the script's reply and
-/// how many replicas acknowledged.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn eval_acked(
-    client: &ClientInner,
-    name: &str,
-    key: &str,
-    op: &'static str,
-    script: &LuaScript,
-    cmd: &Cmd,
-    ack: &ReplicaAck,
-    deadline: Option<Instant>,
-    pending: Option<&Pending>,
-) -> Result<(Value, u32)> {
-    let wait = ack.wait_cmd();
-    let (reply, acked) = retrying(client, name, key, op, deadline, pending, || {
-        eval_then_wait(&*client.conn, script, cmd, &wait)
-    })
-    .await?;
-    tracing::debug!(lock = %name, op, acked, wanted = ack.replicas, "replicas acknowledged");
-    Ok((reply, acked))
-}
-
-async fn eval_then_wait(
-    conn: &dyn CommandConnection,
-    script: &LuaScript,
-    cmd: &Cmd,
-    wait: &Cmd,
-) -> RedisResult<(Value, u32)> {
-    let (mut reply, mut acked) = pipeline(conn, cmd.clone(), wait).await?;
-    if matches!(&reply, Err(e) if is_noscript(e)) {
-        (reply, acked) = pipeline(conn, script.eval_from(cmd), wait).await?;
-    }
-    let reply = reply?;
-    let acked = acked?;
-    let acked = int(&acked).ok_or_else(|| {
-        redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "WAIT did not return a count",
-        ))
-    })?;
-    Ok((reply, acked.clamp(0, i64::from(u32::MAX)) as u32))
-}
-
-async fn pipeline(
-    conn: &dyn CommandConnection,
-    cmd: Cmd,
-    wait: &Cmd,
-) -> RedisResult<(RedisResult<Value>, RedisResult<Value>)> {
-    let mut pipe = redis::pipe();
-    pipe.ignore_errors();
-    pipe.add_command(cmd).add_command(wait.clone());
-    let mut results = conn.send_pipeline(&pipe).await?.into_iter();
-    match (results.next(), results.next()) {
-        (Some(reply), Some(acked)) => Ok((reply, acked)),
-        _ => Err(redis::RedisError::from((
-            redis::ErrorKind::UnexpectedReturnType,
-            "pipeline reply count mismatch",
-        ))),
     }
 }

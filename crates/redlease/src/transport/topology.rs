@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::RedisResult;
 
-use crate::conn::CommandConnection;
+use super::CommandConnection;
 
 /// The deployment behind a client.
 #[derive(Clone, Default)]
@@ -58,12 +58,12 @@ impl Topology {
     /// counts once.
     pub async fn subscribers(&self, conn: &dyn CommandConnection, channel: &str) -> RedisResult<i64> {
         match &self.deployment {
-            Deployment::Cluster(router) => crate::cluster::shard_subscribers(router, channel).await,
+            Deployment::Cluster(router) => super::cluster::shard_subscribers(router, channel).await,
             Deployment::Standalone | Deployment::Sentinel => {
                 let mut cmd = redis::cmd("PUBSUB");
                 cmd.arg("NUMSUB").arg(channel);
                 let reply = conn.send(&cmd).await?;
-                Ok(crate::cluster::count_of(&reply, channel).unwrap_or(0))
+                Ok(super::cluster::count_of(&reply, channel).unwrap_or(0))
             }
         }
     }

@@ -20,7 +20,7 @@ use redis::aio::{MultiplexedConnection, PubSub};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
-use crate::conn::CommandConnection;
+use super::CommandConnection;
 
 /// The sentinels and how to reach the master they name.
 pub(crate) struct SentinelShared {

@@ -1,0 +1,252 @@
+//! The acquire machinery every primitive shares: the attempt loop that waits for
+//! wake-ups in between, and the acquisition of one lease through Redis with its
+//! cleanup when the caller goes away after a request may have landed.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::{Cmd, Value};
+use tokio::time::Instant;
+
+use super::context::Context;
+use super::deadline::{Deadline, Wait, later};
+use super::guard::{GuardCore, Held, LockBase};
+use super::notify::{Subscription, WakeDebt};
+use super::request::Claim;
+use crate::error::{Error, Result};
+use crate::script::{LuaScript, ScriptCall};
+use crate::token::Token;
+
+/// What one acquire attempt found.
+pub(crate) enum Attempt<T> {
+    /// Got it.
+    Acquired(T),
+    /// Someone else has it.
+    Busy(Busy),
+}
+
+/// A busy answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Busy {
+    /// The wait should not outlast this (the holder's remaining lease), when known.
+    pub remaining: Option<Duration>,
+    /// Busy for this waiter, but what was freed could serve another local waiter (a
+    /// semaphore waiter that needs more permits than are free): a wake-up this waiter
+    /// consumed is passed on, at most once per message, instead of being swallowed.
+    pub pass_on: bool,
+}
+
+/// How an acquire waits.
+pub(crate) struct Waiting<'a> {
+    pub ctx: &'a Context,
+    pub name: &'a str,
+    pub channel: &'a str,
+    pub wait: Wait,
+    /// Fallback wait when the holder's remaining lease is unknown.
+    pub fallback: Duration,
+}
+
+/// Runs `attempt` until it acquires, waiting for wake-ups in between; every attempt
+/// is given the call's deadline, which also bounds a request in flight.
+///
+/// The first attempt goes out at once (one round trip when uncontended). After a busy
+/// answer the waiter subscribes to the lock's channel, waits for the subscription to
+/// be confirmed, and tries again — a release between the two attempts is thus never
+/// missed. From then on it sleeps until a wake-up, the holder's remaining lease (plus
+/// jitter), or its deadline, whichever comes first.
+pub(crate) async fn acquire_loop<T, F, Fut>(spec: Waiting<'_>, mut attempt: F) -> Result<T>
+where
+    F: FnMut(Deadline) -> Fut,
+    Fut: Future<Output = Result<Attempt<T>>>,
+{
+    let started = Instant::now();
+    let deadline = spec.wait.deadline();
+    let mut sub: Option<Subscription> = None;
+    let mut debt: Option<WakeDebt> = None;
+    // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
+    // so a wake-up is passed on only by waiters that had not yet tried since it came.
+    let mut previous = None;
+    loop {
+        let seen = sub.as_ref().map(Subscription::generation);
+        let outcome = attempt(deadline).await;
+        let pass_on = matches!(&outcome, Ok(Attempt::Busy(b)) if b.pass_on) && seen != previous;
+        previous = seen;
+        if let Some(d) = debt.take() {
+            if pass_on {
+                drop(d); // an unsettled debt wakes another local waiter
+            } else {
+                d.settle();
+            }
+        }
+        let remaining = match outcome? {
+            Attempt::Acquired(value) => {
+                tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "acquired");
+                return Ok(value);
+            }
+            Attempt::Busy(busy) => busy.remaining,
+        };
+        if !spec.wait.waits() {
+            return Err(Error::Contended {
+                name: spec.name.to_owned(),
+                remaining,
+            });
+        }
+        let now = Instant::now();
+        if deadline.passed() {
+            return Err(timeout(spec.name, started));
+        }
+        let Some(s) = sub.as_ref() else {
+            tracing::debug!(lock = %spec.name, "busy; waiting for a release");
+            let s = spec.ctx.notifier.subscribe(spec.channel);
+            let wait_for = deadline.remaining().map_or(spec.ctx.subscribe_timeout, |left| {
+                left.min(spec.ctx.subscribe_timeout)
+            });
+            if !s.ready(wait_for).await {
+                tracing::debug!(lock = %spec.name, "wake-up subscription not confirmed; polling");
+            }
+            sub = Some(s);
+            continue;
+        };
+        let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
+        let wake_at = Deadline::At(later(now, fallback.saturating_add(jitter(fallback)))).min(deadline);
+        let woken = tokio::select! {
+            _ = s.woken() => true,
+            _ = wake_at.sleep() => false,
+        };
+        if deadline.passed() {
+            if woken {
+                // Do not swallow a wake-up another local waiter could use.
+                s.pass_on();
+            }
+            return Err(timeout(spec.name, started));
+        }
+        if woken {
+            debt = Some(s.debt());
+        }
+    }
+}
+
+fn timeout(name: &str, started: Instant) -> Error {
+    Error::Timeout {
+        name: name.to_owned(),
+        waited: started.elapsed(),
+    }
+}
+
+/// A random extra delay of up to a tenth of `base` plus 5 ms, so fallback wakers spread out.
+fn jitter(base: Duration) -> Duration {
+    let max = (base / 10 + Duration::from_millis(5)).as_micros() as u64;
+    let r = getrandom::u64().unwrap_or(0);
+    Duration::from_micros(r % max.max(1))
+}
+
+/// One acquisition through Redis, as a primitive describes it: what the attempts
+/// send, how a reply reads, and the calls of the lease they may start.
+pub(crate) struct Acquire<'a> {
+    /// The acquire request (an EVALSHA of `script`), idempotent under a retry.
+    pub script: &'static LuaScript,
+    pub cmd: &'a Cmd,
+    /// Where releases are announced.
+    pub channel: &'a str,
+    pub wait: Wait,
+    /// The acquisition's token.
+    pub token: Token,
+    /// Undoes whatever an attempt may have left behind — the lock itself, and a queue
+    /// entry of a waiter — if the caller does not get to use it.
+    pub undo: ScriptCall,
+    /// How long something an attempt left behind can matter: the lease, or a waiter
+    /// entry's TTL when that is longer.
+    pub undo_ttl: Duration,
+    /// Renews the lease (the TTL is appended).
+    pub renew: ScriptCall,
+    /// Releases the lease.
+    pub release: ScriptCall,
+}
+
+/// What the reply to one attempt says.
+pub(crate) enum Reply {
+    /// Acquired (now, or by an earlier attempt whose reply was lost), with this much
+    /// of the lease left and this fencing token.
+    Acquired { fence: Option<u64>, remaining: Duration },
+    /// Busy. `queued`: the attempt left a waiter entry behind (`undo` removes it).
+    Busy { busy: Busy, queued: bool },
+}
+
+impl LockBase {
+    /// Acquires through Redis as `spec` says, reading each reply with `parse` (given the
+    /// reply and when its request was sent), and starts the lease.
+    ///
+    /// Waits for replicas after the acquire under the lock's policy: on a shortfall
+    /// under [`OnShortfall::Release`](crate::OnShortfall::Release) the lock is released
+    /// again and the call fails with [`Error::NotReplicated`] (it does not wait for
+    /// replicas to come back).
+    pub async fn acquire(
+        &self,
+        spec: Acquire<'_>,
+        parse: impl Fn(&Value, Instant) -> Result<Reply>,
+    ) -> Result<GuardCore> {
+        let Acquire {
+            script,
+            cmd,
+            channel,
+            wait,
+            token,
+            undo,
+            undo_ttl,
+            renew,
+            release,
+        } = spec;
+        let claim = Claim::new(self.ctx.clone(), &self.name, undo, undo_ttl);
+        let op = self.op("acquire");
+        let ack = self.options.replica_ack.as_ref();
+        let waiting = Waiting {
+            ctx: &self.ctx,
+            name: &self.name,
+            channel,
+            wait,
+            fallback: self.options.ttl,
+        };
+        let (claim_ref, parse_ref) = (&claim, &parse);
+        let (fence, remaining, sent, acked) = acquire_loop(waiting, move |deadline| async move {
+            claim_ref.arm();
+            let sent = Instant::now();
+            let (reply, acked) = op
+                .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
+                .await
+                .inspect_err(|e| {
+                    if !e.is_unavailable() {
+                        // A definite error reply: the scripts fail before any write.
+                        claim_ref.answered_no();
+                    }
+                })?;
+            match parse_ref(&reply, sent)? {
+                Reply::Acquired { fence, remaining } => {
+                    Ok(Attempt::Acquired((fence, remaining, sent, acked)))
+                }
+                Reply::Busy { busy, queued } => {
+                    if !queued {
+                        claim_ref.answered_no();
+                    }
+                    Ok(Attempt::Busy(busy))
+                }
+            }
+        })
+        .await?;
+        let core = self.hold(Held {
+            token,
+            fence,
+            sent,
+            remaining,
+            renew,
+            release: release.clone(),
+        });
+        claim.disarm();
+        if let Err(e) = self.check_replicas(acked, Some(core.state()), &release).await {
+            // Released by the check; nothing is left to release.
+            let _ = core.forget();
+            return Err(e);
+        }
+        tracing::debug!(lock = %self.name, ?fence, "acquired");
+        Ok(core)
+    }
+}

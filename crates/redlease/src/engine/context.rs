@@ -1,0 +1,140 @@
+//! The context every lock of one client shares: the command connection and how its
+//! batches travel, the wake-up connection, the renewal task, and the client's settings.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::notify::Notifier;
+use super::renewer::Renewer;
+use crate::transport::{Batching, CommandConnection, Topology};
+
+/// What the locks of one client share.
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub conn: Arc<dyn CommandConnection>,
+    pub notifier: Notifier,
+    pub renewer: Renewer,
+    /// Per-lock state a primitive keeps for this client (the plain mutex's local
+    /// queue), by lock key.
+    pub locals: Locals,
+    pub prefix: String,
+    /// The owner label stored beside each held lock.
+    pub label: Arc<str>,
+    /// Metadata retention in milliseconds, as the script argument.
+    pub retention_arg: Arc<str>,
+    /// `PUBLISH` or `SPUBLISH`, as the script argument.
+    pub publish: Arc<str>,
+    /// How long a waiter waits for its subscription to be confirmed before polling.
+    pub subscribe_timeout: Duration,
+    /// For how long a request that failed in a way that may be temporary (timeout,
+    /// broken connection) is retried before the error is returned.
+    pub retry_window: Duration,
+    /// Standalone, Sentinel or Cluster, and what that changes.
+    pub topology: Topology,
+}
+
+/// Everything a [`Context`] is built from.
+pub(crate) struct Settings {
+    pub conn: Arc<dyn CommandConnection>,
+    pub batching: Batching,
+    pub notifier: Notifier,
+    pub prefix: String,
+    pub label: String,
+    pub retention: Duration,
+    pub retry_window: Duration,
+    pub topology: Topology,
+}
+
+impl Context {
+    /// Starts the renewal task and assembles the context.
+    pub fn new(settings: Settings) -> Arc<Context> {
+        let Settings {
+            conn,
+            batching,
+            notifier,
+            prefix,
+            label,
+            retention,
+            retry_window,
+            topology,
+        } = settings;
+        Arc::new(Context {
+            renewer: Renewer::spawn(conn.clone(), batching),
+            conn,
+            notifier,
+            locals: Locals::default(),
+            prefix,
+            label: label.into(),
+            retention_arg: retention.as_millis().to_string().into(),
+            publish: topology.publish_command().into(),
+            subscribe_timeout: Duration::from_secs(1),
+            retry_window,
+            topology,
+        })
+    }
+
+    /// How many client connections listen on `channel` (each waiting process counts
+    /// once): `PUBSUB NUMSUB`, or `SHARDNUMSUB` on the slot's master in a cluster.
+    pub async fn listeners(&self, channel: &str) -> u64 {
+        self.topology
+            .subscribers(&*self.conn, channel)
+            .await
+            .unwrap_or(0)
+            .max(0) as u64
+    }
+}
+
+/// Per-lock state of one client, by lock key, of whatever type the primitive keeps;
+/// an entry goes when nothing uses it any more.
+#[derive(Default)]
+pub(crate) struct Locals {
+    entries: std::sync::Mutex<HashMap<Arc<str>, Weak<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Locals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Locals")
+    }
+}
+
+impl Locals {
+    /// The state of type `T` for `key`, shared by every handle of that lock in this
+    /// client; made with `T::default()` when there is none yet.
+    pub fn get<T: Default + Send + Sync + 'static>(&self, key: &Arc<str>) -> Arc<T> {
+        let mut entries = self.entries.lock().expect("locals lock");
+        if let Some(existing) = entries
+            .get(key)
+            .and_then(Weak::upgrade)
+            .and_then(|any| any.downcast::<T>().ok())
+        {
+            return existing;
+        }
+        if entries.len() > 64 && entries.len().is_power_of_two() {
+            entries.retain(|_, w| w.strong_count() > 0);
+        }
+        let fresh = Arc::new(T::default());
+        let erased: Arc<dyn Any + Send + Sync> = fresh.clone();
+        entries.insert(key.clone(), Arc::downgrade(&erased));
+        fresh
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locals_are_shared_per_key_and_forgotten_when_unused() {
+        let locals = Locals::default();
+        let key: Arc<str> = "k".into();
+        let a: Arc<std::sync::Mutex<u32>> = locals.get(&key);
+        *a.lock().unwrap() = 7;
+        let b: Arc<std::sync::Mutex<u32>> = locals.get(&key);
+        assert_eq!(*b.lock().unwrap(), 7, "the same state for the same key");
+        drop((a, b));
+        let c: Arc<std::sync::Mutex<u32>> = locals.get(&key);
+        assert_eq!(*c.lock().unwrap(), 0, "fresh once nothing used it");
+    }
+}

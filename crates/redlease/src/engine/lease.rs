@@ -1,0 +1,398 @@
+//! Leases: how long a holder may act, and the signal that it may not any more.
+//!
+//! Every guard owns one lease. The lease knows the instant until which its holder may
+//! rely on it (`valid_until`), computed from when the confirming request was *sent*
+//! (not answered), minus a clock-drift margin, so it ends on the client before it can
+//! end on the server.
+//!
+//! # Ordered lease state
+//!
+//! Renewals, extends and their retries may be in flight together, over different
+//! connections, and their replies may be handled in any order. The lease stays right
+//! whatever the order, because every request that moves a lease forward is monotone on
+//! both sides:
+//!
+//! - on the server it never shortens the lease (`PEXPIRE … GT`, `ZADD … GT`, a legacy
+//!   timestamp only ever pushed out): a stale renewal that lands after an extend
+//!   changes nothing, so the server's expiry is at least `applied + ttl` of every
+//!   request that was applied — and each was applied after it was sent;
+//! - on the client a confirming reply only ever moves `valid_until` forward, to
+//!   `sent + ttl − drift` of that request.
+//!
+//! So `valid_until` is never later than the server's expiry, whichever replies arrive
+//! and in whatever order: the outcome is the same as if every request had been sent
+//! one after the other. A reply saying the token no longer holds the lock ends the
+//! lease for good: a token is never given a lock again once it lost it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::deadline::later;
+use crate::script::ScriptCall;
+
+/// Why a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// Redis says this holder's token no longer holds the lock: the key expired on the
+    /// server, was deleted, was taken over, or the server lost it (a restart without
+    /// persistence, a failover to a replica that never saw it).
+    Gone,
+    /// The lease could not be confirmed before it would have expired: Redis was
+    /// unreachable or too slow. It may still exist on the server, but the holder can no
+    /// longer rely on it.
+    Expired,
+    /// This process ended the lease itself: it released it, dropped its guard, or
+    /// forgot it. Not a loss of safety.
+    Released,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::Gone => "the lock was lost on the server",
+            LostReason::Expired => "the lease could not be renewed before it expired",
+            LostReason::Released => "the lease was released",
+        })
+    }
+}
+
+/// The safety margin for clock drift between client and server over a lease of `ttl`:
+/// 1% plus 2ms, as in the Redlock analysis.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// What a renewal (or an extend) found.
+#[derive(Debug)]
+pub(crate) enum Renewal {
+    /// The lease is held for `ttl` more from `sent`, when the request went out.
+    Confirmed { sent: Instant },
+    /// The token no longer holds the lock.
+    Gone,
+    /// No definite answer: Redis (or too many Redlock masters) could not be reached.
+    Unreachable { error: Option<String> },
+}
+
+/// A lease renewed by something other than one script call on the client's own
+/// connection: a Redlock lease, renewed by a round over all its masters.
+pub(crate) trait RenewRound: Send + Sync + std::fmt::Debug + 'static {
+    /// Renews the lease for `ttl` more.
+    fn renew(&self, ttl: Duration) -> BoxFuture<'static, Renewal>;
+}
+
+/// How the renewal task renews a lease.
+#[derive(Clone, Debug)]
+pub(crate) enum Renew {
+    /// One script call with the TTL appended, batched with the client's other renewals.
+    Script(ScriptCall),
+    /// A round of its own (Redlock).
+    Round(Arc<dyn RenewRound>),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    /// The lease length renewals ask for.
+    ttl: Duration,
+    valid_until: Instant,
+    /// When the latest confirming request was sent (minus what it found used up): the
+    /// next renewal is due an interval after this.
+    confirmed_at: Instant,
+    ended: Option<LostReason>,
+}
+
+/// The lease machinery shared by a guard, its [`Lease`] handles and the renewal task.
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    pub name: Arc<str>,
+    state: std::sync::Mutex<State>,
+    /// Signalled on every change of `state`.
+    changed: Notify,
+    /// Bumped whenever the renewal schedule of this lease changes; queue entries with an
+    /// older epoch are stale.
+    epoch: AtomicU64,
+    pub renew: Renew,
+    pub auto_renew: bool,
+    /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
+    /// `NO_ACK` without one.
+    replicas_acked: AtomicU32,
+}
+
+const NO_ACK: u32 = u32::MAX;
+
+impl LeaseState {
+    /// A lease of `ttl` confirmed by a request sent at `sent` whose reply said it has
+    /// `remaining` (at most `ttl`) left on the server.
+    pub fn new(
+        name: Arc<str>,
+        sent: Instant,
+        ttl: Duration,
+        remaining: Duration,
+        renew: Renew,
+        auto_renew: bool,
+    ) -> Arc<Self> {
+        let remaining = remaining.min(ttl);
+        // A lease with less than its full TTL left (a retried acquire) counts as one
+        // that started earlier, so its first renewal comes early enough.
+        let started = sent.checked_sub(ttl - remaining).unwrap_or(sent);
+        Arc::new(LeaseState {
+            name,
+            state: std::sync::Mutex::new(State {
+                ttl,
+                valid_until: later(sent, remaining.saturating_sub(drift(ttl))),
+                confirmed_at: started,
+                ended: None,
+            }),
+            changed: Notify::new(),
+            epoch: AtomicU64::new(0),
+            renew,
+            auto_renew,
+            replicas_acked: AtomicU32::new(NO_ACK),
+        })
+    }
+
+    fn state(&self) -> State {
+        *self.state.lock().expect("lease lock")
+    }
+
+    /// The lease length renewals ask for.
+    pub fn ttl(&self) -> Duration {
+        self.state().ttl
+    }
+
+    /// How often auto-renewal runs: a third of the TTL.
+    pub fn interval(&self) -> Duration {
+        self.ttl() / 3
+    }
+
+    pub fn valid_until(&self) -> Instant {
+        self.state().valid_until
+    }
+
+    pub fn ended(&self) -> Option<LostReason> {
+        self.state().ended
+    }
+
+    /// Whether the lease has neither ended nor run past `valid_until`.
+    pub fn is_held(&self) -> bool {
+        let s = self.state();
+        s.ended.is_none() && Instant::now() < s.valid_until
+    }
+
+    /// When the next renewal is due.
+    pub fn next_renewal(&self) -> Instant {
+        let s = self.state();
+        later(s.confirmed_at, s.ttl / 3)
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    pub fn bump_epoch(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Records how many replicas acknowledged the last acquire or extend.
+    pub fn set_replicas_acked(&self, n: u32) {
+        self.replicas_acked.store(n.min(NO_ACK - 1), Ordering::Relaxed);
+    }
+
+    pub fn replicas_acked(&self) -> Option<u32> {
+        Some(self.replicas_acked.load(Ordering::Relaxed)).filter(|&n| n != NO_ACK)
+    }
+
+    /// Records that a request sent at `sent` confirmed the lease for `ttl` more. Only
+    /// ever moves the lease forward (see the module docs): a reply that proves less
+    /// than an earlier one changes nothing.
+    pub fn confirm(&self, sent: Instant, ttl: Duration) {
+        {
+            let mut state = self.state.lock().expect("lease lock");
+            if state.ended.is_some() {
+                return;
+            }
+            let until = later(sent, ttl.saturating_sub(drift(ttl)));
+            if until > state.valid_until {
+                state.valid_until = until;
+            }
+            if sent > state.confirmed_at {
+                state.confirmed_at = sent;
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Sets the lease length later renewals ask for (an extend succeeded).
+    pub fn set_ttl(&self, ttl: Duration) {
+        self.state.lock().expect("lease lock").ttl = ttl;
+    }
+
+    /// Ends the lease; the first reason wins. Returns whether this call ended it.
+    pub fn end(&self, reason: LostReason) -> bool {
+        let ended = {
+            let mut state = self.state.lock().expect("lease lock");
+            let first = state.ended.is_none();
+            if first {
+                state.ended = Some(reason);
+            }
+            first
+        };
+        if ended {
+            self.changed.notify_waiters();
+            self.bump_epoch();
+            match reason {
+                LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
+                _ => tracing::warn!(lock = %self.name, %reason, "lease lost"),
+            }
+        }
+        ended
+    }
+
+    /// Ends the lease as `Expired` if it ran past `valid_until` unconfirmed.
+    fn expire_if_due(&self) {
+        if self.valid_until() <= Instant::now() {
+            self.end(LostReason::Expired);
+        }
+    }
+}
+
+/// A handle on a held lease: until when it is safe to act, and a signal when it is lost.
+///
+/// Cheap to clone; clones observe the same lease, so one can be moved into a task that
+/// watches [`lost`](Lease::lost) while the guard stays with the code doing the work.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    pub(crate) state: Arc<LeaseState>,
+}
+
+impl Lease {
+    pub(crate) fn new(state: Arc<LeaseState>) -> Self {
+        Lease { state }
+    }
+
+    /// The lock this lease belongs to.
+    pub fn name(&self) -> &str {
+        &self.state.name
+    }
+
+    /// The current lease length (renewals extend the lease by this much).
+    pub fn ttl(&self) -> Duration {
+        self.state.ttl()
+    }
+
+    /// The instant until which the holder may rely on the lease: when the confirming
+    /// request was sent, plus the TTL, minus a drift margin (1% + 2ms). It only ever
+    /// moves forward.
+    pub fn valid_until(&self) -> std::time::Instant {
+        self.state.valid_until().into_std()
+    }
+
+    /// Whether the lease has neither ended nor run past [`valid_until`](Lease::valid_until).
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+
+    /// How many replicas acknowledged the last acquire or explicit extend, when the lock
+    /// has a [`ReplicaAck`](crate::ReplicaAck) policy; `None` without one. Automatic
+    /// renewals do not wait for replicas and leave this unchanged.
+    pub fn replicas_acked(&self) -> Option<u32> {
+        self.state.replicas_acked()
+    }
+
+    /// Why the lease ended, or `None` while it has not.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.state.ended()
+    }
+
+    /// Completes when the lease ends, with the reason.
+    ///
+    /// Fires with [`LostReason::Gone`] when a renewal finds the token no longer holds
+    /// the lock, and with [`LostReason::Expired`] once `valid_until` passes without a
+    /// confirming renewal — even if the renewal task itself is stuck. Fires with
+    /// [`LostReason::Released`] when this process releases the lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing.
+    pub async fn lost(&self) -> LostReason {
+        let state = &self.state;
+        loop {
+            let changed = state.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let now = state.state();
+            if let Some(reason) = now.ended {
+                return reason;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(now.valid_until) => state.expire_if_due(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::MUTEX_EXTEND;
+
+    fn lease(ttl: Duration) -> Arc<LeaseState> {
+        let call = ScriptCall::new(&MUTEX_EXTEND, Arc::new([]), Arc::new([]));
+        LeaseState::new("l".into(), Instant::now(), ttl, ttl, Renew::Script(call), true)
+    }
+
+    #[tokio::test]
+    async fn replies_in_any_order_only_move_the_lease_forward() {
+        let l = lease(Duration::from_secs(3));
+        let t0 = Instant::now();
+        // An extend to 60 s sent after a renewal for 3 s: whichever reply comes last,
+        // the lease is the extend's.
+        l.confirm(t0 + Duration::from_millis(10), Duration::from_secs(60));
+        l.confirm(t0, Duration::from_secs(3));
+        let extended = l.valid_until();
+        assert!(extended > t0 + Duration::from_secs(59));
+        assert_eq!(
+            l.next_renewal(),
+            later(t0 + Duration::from_millis(10), Duration::from_secs(1))
+        );
+        l.set_ttl(Duration::from_secs(60));
+        assert_eq!(
+            l.next_renewal(),
+            t0 + Duration::from_millis(10) + Duration::from_secs(20)
+        );
+        l.confirm(t0 + Duration::from_millis(20), Duration::from_secs(3));
+        assert_eq!(
+            l.valid_until(),
+            extended,
+            "a later but shorter renewal proves less"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_ended_lease_stays_ended() {
+        let l = lease(Duration::from_secs(3));
+        let before = l.valid_until();
+        assert!(l.end(LostReason::Gone));
+        assert!(!l.end(LostReason::Released), "the first reason wins");
+        l.confirm(Instant::now(), Duration::from_secs(60));
+        assert_eq!(l.valid_until(), before);
+        assert_eq!(l.ended(), Some(LostReason::Gone));
+        assert!(!l.is_held());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_at_valid_until_without_any_renewal() {
+        let l = lease(Duration::from_millis(300));
+        let lease = Lease::new(l.clone());
+        let started = Instant::now();
+        assert_eq!(lease.lost().await, LostReason::Expired);
+        assert!(started.elapsed() >= Duration::from_millis(290));
+        assert!(!lease.is_held());
+    }
+}

@@ -1,0 +1,445 @@
+//! In-process queueing for the plain mutex.
+//!
+//! Tasks of one client that want the same lock line up here, in arrival order, instead
+//! of all competing in Redis: one of them at a time — the *representative* — acquires
+//! through Redis (and waits for wake-ups there); the others wait for their turn. When
+//! the local holder releases and a local task is waiting, the lock is handed to that
+//! task in one atomic script (token swap and a fresh fencing token): one round trip
+//! instead of a release, a wake-up and an acquire, and nobody can slip in between. A
+//! budget of consecutive hand-overs keeps other processes from being starved: after it,
+//! the lock is released through Redis and the local head competes like everyone else.
+//!
+//! A local waiter is bounded exactly as a waiter in another process is: by the holder's
+//! lease. When the local holder's lease ends without a release — it expired, or the
+//! lock was lost — its turn is revoked and passed on, so the next task goes to Redis
+//! instead of waiting for a guard that may live on long after its lease.
+//!
+//! Everything handed around here is drop-safe. A [`Turn`] that is dropped passes the
+//! turn on (unless it was revoked); a hand-over that reaches a waiter that has gone is
+//! released (or handed on) by the code that made it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, oneshot};
+
+use crate::engine::lease::{Lease, LostReason};
+use crate::token::Token;
+
+/// Consecutive local hand-overs before the lock goes back through Redis.
+pub(crate) const HANDOFF_BUDGET: u32 = 16;
+
+/// What a waiting task is given.
+pub(crate) enum Handed<L> {
+    /// The lock itself, already moved to the waiter's token.
+    Lock(L),
+    /// The right to acquire through Redis.
+    Turn(Turn),
+}
+
+/// A task waiting for the lock behind the local holder.
+pub(crate) struct Waiter<L> {
+    pub id: u64,
+    /// The waiter's token: a hand-over moves the lock to it, and as representative the
+    /// waiter acquires with it (so a hand-over whose reply was lost is recognised).
+    pub token: Token,
+    tx: oneshot::Sender<Handed<L>>,
+}
+
+impl<L> Waiter<L> {
+    /// Delivers to the waiter; gives the value back if it has gone.
+    pub fn send(self, handed: Handed<L>) -> Result<(), Handed<L>> {
+        self.tx.send(handed)
+    }
+
+    /// Whether the waiter is still there.
+    pub fn is_waiting(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+struct State<L> {
+    /// A local task holds the lock, or is acquiring it as representative.
+    busy: bool,
+    /// The current turn; a [`Turn`] of another number was revoked.
+    turn: u64,
+    /// The lease of the local holder, while one holds the lock.
+    holder: Option<Lease>,
+    queue: VecDeque<Waiter<L>>,
+    /// Hand-overs since the lock last came through Redis.
+    streak: u32,
+    next_id: u64,
+}
+
+/// The local queue of one lock in one client.
+pub(crate) struct LocalLock<L> {
+    state: std::sync::Mutex<State<L>>,
+    /// Signalled when the local holder changes.
+    changed: Notify,
+}
+
+impl<L> Default for LocalLock<L> {
+    fn default() -> Self {
+        LocalLock {
+            state: std::sync::Mutex::new(State {
+                busy: false,
+                turn: 0,
+                holder: None,
+                queue: VecDeque::new(),
+                streak: 0,
+                next_id: 0,
+            }),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl<L> std::fmt::Debug for LocalLock<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state.lock().expect("local lock");
+        f.debug_struct("LocalLock")
+            .field("busy", &st.busy)
+            .field("waiting", &st.queue.len())
+            .finish()
+    }
+}
+
+/// How a task enters the queue.
+pub(crate) enum Entry<L> {
+    /// Nobody local had it: acquire through Redis now.
+    Representative(Turn),
+    /// Somebody local has it: wait on this.
+    Queued(u64, oneshot::Receiver<Handed<L>>),
+    /// Somebody local has it or is acquiring it, and the task only tries.
+    Busy,
+}
+
+/// Whether a holder's lease still counts: not ended by a loss, not run out.
+fn stale(lease: &Lease) -> bool {
+    !lease.is_held() && lease.lost_reason() != Some(LostReason::Released)
+}
+
+impl<L: Send + 'static> LocalLock<L> {
+    /// Becomes the representative if nobody local has the lock — or the local holder's
+    /// lease ended without a release, which revokes its turn; else, unless `try_only`,
+    /// joins the queue.
+    pub fn enter(self: &Arc<Self>, token: &Token, try_only: bool) -> Entry<L> {
+        let mut st = self.state.lock().expect("local lock");
+        if st.busy && st.holder.as_ref().is_some_and(stale) {
+            tracing::debug!("the local holder's lease ended; its turn passes on");
+            self.revoke_locked(&mut st);
+            if st.busy {
+                // The turn went to a waiter ahead of this task.
+                drop(st);
+                self.changed.notify_waiters();
+                return self.enter(token, try_only);
+            }
+            self.changed.notify_waiters();
+        }
+        if !st.busy {
+            st.busy = true;
+            return Entry::Representative(Turn::new(self.clone(), st.turn));
+        }
+        if try_only {
+            return Entry::Busy;
+        }
+        let (tx, rx) = oneshot::channel();
+        st.next_id += 1;
+        let id = st.next_id;
+        st.queue.push_back(Waiter {
+            id,
+            token: token.clone(),
+            tx,
+        });
+        Entry::Queued(id, rx)
+    }
+
+    /// Leaves the queue (a waiter that gives up). False if it was already picked.
+    pub fn leave(&self, id: u64) -> bool {
+        let mut st = self.state.lock().expect("local lock");
+        let before = st.queue.len();
+        st.queue.retain(|w| w.id != id);
+        st.queue.len() != before
+    }
+
+    /// The holder of `turn` holds the lock under `lease`.
+    pub fn hold(&self, turn: &Turn, lease: &Lease) {
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn == turn.number && turn.local.is_some() {
+            st.holder = Some(lease.clone());
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until `rx` delivers, or until `deadline` (then `None`); meanwhile watches
+    /// the local holder's lease and revokes its turn if the lease ends without a release.
+    pub async fn wait(
+        self: &Arc<Self>,
+        rx: &mut oneshot::Receiver<Handed<L>>,
+        deadline: crate::engine::deadline::Deadline,
+    ) -> Option<Handed<L>> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let watched = {
+                let st = self.state.lock().expect("local lock");
+                st.holder
+                    .clone()
+                    .filter(|l| l.lost_reason() != Some(LostReason::Released))
+                    .map(|l| (st.turn, l))
+            };
+            tokio::select! {
+                got = &mut *rx => return got.ok(),
+                reason = async { watched.as_ref().expect("guarded").1.lost().await }, if watched.is_some() => {
+                    if reason != LostReason::Released
+                        && let Some((turn, _)) = watched
+                    {
+                        tracing::debug!(%reason, "the local holder's lease ended; its turn passes on");
+                        self.revoke(turn);
+                    }
+                }
+                _ = changed => {}
+                _ = deadline.sleep() => return None,
+            }
+        }
+    }
+
+    /// Revokes turn `number` (its holder's lease ended without a release) and passes
+    /// the turn on.
+    fn revoke(self: &Arc<Self>, number: u64) {
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn == number && st.busy {
+            self.revoke_locked(&mut st);
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    fn revoke_locked(self: &Arc<Self>, st: &mut State<L>) {
+        st.turn += 1;
+        st.holder = None;
+        st.streak = 0;
+        // The next waiter gets a fresh turn; the revoked one's drop does nothing.
+        while let Some(waiter) = st.queue.pop_front() {
+            match waiter.send(Handed::Turn(Turn::new(self.clone(), st.turn))) {
+                Ok(()) => return,
+                // Gone: disarm the turn we got back (we hold the state) and go on.
+                Err(Handed::Turn(mut turn)) => turn.local = None,
+                Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
+            }
+        }
+        st.busy = false;
+    }
+
+    /// The next waiter to hand the lock to, within the hand-over budget — only for the
+    /// current turn.
+    pub fn next_for_handoff(&self, turn: &Turn) -> Option<Waiter<L>> {
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn != turn.number || st.streak >= HANDOFF_BUDGET {
+            return None;
+        }
+        while let Some(w) = st.queue.pop_front() {
+            if w.is_waiting() {
+                st.streak += 1;
+                st.holder = None;
+                return Some(w);
+            }
+        }
+        None
+    }
+
+    /// The lock came through Redis: the hand-over budget starts again.
+    pub fn acquired_through_redis(&self) {
+        self.state.lock().expect("local lock").streak = 0;
+    }
+
+    /// Gives turn `number` to the next waiter, or marks the lock as not busy.
+    fn pass_turn(self: &Arc<Self>, number: u64) {
+        loop {
+            let waiter = {
+                let mut st = self.state.lock().expect("local lock");
+                if st.turn != number {
+                    return; // revoked: already passed on
+                }
+                st.holder = None;
+                match st.queue.pop_front() {
+                    Some(w) => w,
+                    None => {
+                        st.busy = false;
+                        st.streak = 0;
+                        drop(st);
+                        self.changed.notify_waiters();
+                        return;
+                    }
+                }
+            };
+            match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
+                Ok(()) => {
+                    self.changed.notify_waiters();
+                    return;
+                }
+                // Gone: disarm the turn we got back and try the next one.
+                Err(Handed::Turn(mut turn)) => turn.local = None,
+                Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
+            }
+        }
+    }
+}
+
+/// The right to be this client's holder (or representative) of a lock. Dropping it
+/// passes the turn on, unless it was revoked meanwhile.
+pub(crate) struct Turn {
+    local: Option<Arc<dyn PassTurn>>,
+    number: u64,
+}
+
+/// Object-safe access to `pass_turn` (a turn does not care what is handed over).
+trait PassTurn: Send + Sync {
+    fn pass(self: Arc<Self>, number: u64);
+}
+
+impl<L: Send + 'static> PassTurn for LocalLock<L> {
+    fn pass(self: Arc<Self>, number: u64) {
+        self.pass_turn(number);
+    }
+}
+
+impl Turn {
+    fn new<L: Send + 'static>(local: Arc<LocalLock<L>>, number: u64) -> Self {
+        Turn {
+            local: Some(local),
+            number,
+        }
+    }
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Turn({})", self.number)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(local) = self.local.take() {
+            local.pass(self.number);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token() -> Token {
+        Token::from_secret("t").unwrap()
+    }
+
+    fn local() -> Arc<LocalLock<()>> {
+        Arc::new(LocalLock::default())
+    }
+
+    #[test]
+    fn turns_pass_in_arrival_order_and_skip_the_departed() {
+        let local = local();
+        let Entry::Representative(first) = local.enter(&token(), false) else {
+            panic!("the first task represents")
+        };
+        assert!(
+            matches!(local.enter(&token(), true), Entry::Busy),
+            "try_only does not queue"
+        );
+        let mut queued = Vec::new();
+        for _ in 0..3 {
+            match local.enter(&token(), false) {
+                Entry::Queued(id, rx) => queued.push((id, rx)),
+                _ => panic!("busy: queued"),
+            }
+        }
+        // The second waiter gives up; the turn skips it.
+        let (gone_id, gone_rx) = queued.remove(1);
+        drop(gone_rx);
+        drop(first);
+        let (_, mut rx0) = queued.remove(0);
+        let Ok(Handed::Turn(turn)) = rx0.try_recv() else {
+            panic!("head gets the turn")
+        };
+        drop(turn);
+        assert!(
+            !local.leave(gone_id),
+            "the departed waiter was taken out of the queue"
+        );
+        let (_, mut rx2) = queued.remove(0);
+        let Ok(Handed::Turn(last)) = rx2.try_recv() else {
+            panic!("the third gets the turn")
+        };
+        assert!(local.state.lock().unwrap().busy);
+        drop(last);
+        assert!(!local.state.lock().unwrap().busy, "the last turn frees the lock");
+    }
+
+    #[test]
+    fn the_last_turn_frees_the_lock() {
+        let local = local();
+        let Entry::Representative(turn) = local.enter(&token(), false) else {
+            panic!()
+        };
+        drop(turn);
+        assert!(!local.state.lock().unwrap().busy);
+        assert!(matches!(local.enter(&token(), true), Entry::Representative(_)));
+    }
+
+    #[test]
+    fn hand_overs_stop_at_the_budget() {
+        let local = local();
+        let Entry::Representative(rep) = local.enter(&token(), false) else {
+            panic!()
+        };
+        let mut rxs = Vec::new();
+        for _ in 0..HANDOFF_BUDGET + 2 {
+            if let Entry::Queued(_, rx) = local.enter(&token(), false) {
+                rxs.push(rx);
+            }
+        }
+        for _ in 0..HANDOFF_BUDGET {
+            assert!(local.next_for_handoff(&rep).is_some());
+        }
+        assert!(local.next_for_handoff(&rep).is_none(), "budget spent");
+        local.acquired_through_redis();
+        assert!(local.next_for_handoff(&rep).is_some(), "budget restored");
+    }
+
+    #[test]
+    fn a_revoked_turn_neither_hands_over_nor_passes_again() {
+        let local = local();
+        let Entry::Representative(old) = local.enter(&token(), false) else {
+            panic!()
+        };
+        let Entry::Queued(_, mut rx1) = local.enter(&token(), false) else {
+            panic!()
+        };
+        let Entry::Queued(_, mut rx2) = local.enter(&token(), false) else {
+            panic!()
+        };
+        local.revoke(old.number);
+        let Ok(Handed::Turn(new)) = rx1.try_recv() else {
+            panic!("the head gets a fresh turn")
+        };
+        assert!(
+            local.next_for_handoff(&old).is_none(),
+            "the revoked turn hands nothing over"
+        );
+        drop(old);
+        assert!(
+            rx2.try_recv().is_err(),
+            "dropping the revoked turn passed nothing on"
+        );
+        drop(new);
+        assert!(
+            matches!(rx2.try_recv(), Ok(Handed::Turn(_))),
+            "the fresh turn passes on"
+        );
+    }
+}

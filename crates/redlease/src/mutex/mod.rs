@@ -1,0 +1,634 @@
+//! The plain distributed mutex, and its local queue (`local`): tasks of one client
+//! line up locally and get the lock handed over in one script.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::context::Context;
+use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
+use crate::engine::request::spawn_release;
+use crate::error::{Error, Result};
+use crate::keys::{self, LockKeys};
+use crate::options::LeaseOptions;
+use crate::script::reply::{array, holder, int, ms};
+use crate::script::{MUTEX_ACQUIRE, MUTEX_EXTEND, MUTEX_HANDOFF, MUTEX_RELEASE, MUTEX_STATUS, ScriptCall};
+use crate::token::{FencingToken, Token};
+
+mod local;
+
+use local::{Entry, Handed, LocalLock, Turn, Waiter};
+
+/// A distributed mutual-exclusion lock on one Redis key.
+///
+/// The lock is the key `<prefix><name>` holding the holder's random token, with a PX
+/// TTL: the format redis-py's `Lock`, node-redlock and redsync use, so those clients
+/// and redlease exclude each other on the same key. Each acquisition gets a
+/// [`FencingToken`] that rises strictly with every acquisition of the name.
+///
+/// # Policy
+///
+/// Not fair: when the lock is released, every process waiting for it is woken and one
+/// of them wins (within one process, one waiter per release is woken). Waiters are
+/// woken through Redis pub/sub, never by polling; a missed wake-up costs at most the
+/// holder's remaining lease.
+///
+/// # Guarantees
+///
+/// At most one holder at a time *while leases are valid and Redis keeps its writes*. A
+/// holder that stalls past its lease (a long pause) or a Redis failover that loses the
+/// key can break this; [`MutexGuard::lost`] tells the holder, and fencing tokens let
+/// the protected resource refuse the stale holder.
+///
+/// `Mutex` is a cheap handle (clone it freely); it holds no lock by itself.
+#[derive(Clone, Debug)]
+pub struct Mutex {
+    shared: Arc<MutexShared>,
+}
+
+#[derive(Debug)]
+struct MutexShared {
+    base: LockBase,
+    /// `[lock key, meta key]`, shared by every script call of this mutex.
+    keys: Arc<[Arc<str>]>,
+    channel: Arc<str>,
+    /// The TTL in milliseconds, as the script argument.
+    ttl_arg: Arc<str>,
+    /// This client's local queue for the lock (shared by every handle of it).
+    local: Arc<LocalLock<HandedLock>>,
+}
+
+/// What [`Mutex::status`] reports. Never contains the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MutexStatus {
+    /// Whether the lock key exists.
+    pub held: bool,
+    /// The holder's label (`host:pid` by default); `None` when free or held by a client
+    /// other than redlease.
+    pub owner: Option<String>,
+    /// The holder's remaining lease; `None` when free or when the key has no TTL.
+    pub remaining: Option<Duration>,
+    /// The holder's fencing token, when known.
+    pub fence: Option<FencingToken>,
+    /// The highest fencing token issued for this lock within the metadata retention.
+    pub last_fence: Option<FencingToken>,
+    /// When the holder acquired the lock (Redis server time), when known.
+    pub since: Option<std::time::SystemTime>,
+    /// How many client connections are waiting for the lock (each waiting process
+    /// counts once, however many tasks in it wait).
+    pub waiters: u64,
+}
+
+impl Mutex {
+    pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
+        let keys = LockKeys::new(&ctx.prefix, name)?;
+        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        Ok(Mutex {
+            shared: Arc::new(MutexShared {
+                channel: keys.aux("wake").into(),
+                local: base.ctx.locals.get(&base.key),
+                keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
+                ttl_arg: ttl_ms.to_string().into(),
+                base,
+            }),
+        })
+    }
+
+    /// The lock's name (without the prefix).
+    pub fn name(&self) -> &str {
+        &self.shared.base.name
+    }
+
+    /// The Redis key of the lock: `<prefix><name>`.
+    pub fn key(&self) -> &str {
+        &self.shared.base.key
+    }
+
+    /// The lease options of this lock.
+    pub fn options(&self) -> LeaseOptions {
+        self.shared.base.options
+    }
+
+    /// Takes the lock if it is free, without waiting. One round trip.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the request was sent leaves no lock behind: the
+    /// attempt's token is compare-and-deleted in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Contended`] when someone else holds the lock (or a task of this client
+    /// holds or is acquiring it); [`Error::NotReplicated`] when the lock's
+    /// [`ReplicaAck`](crate::ReplicaAck) policy releases on a shortfall and too few
+    /// replicas acknowledged in time (the lock was released again);
+    /// [`Error::WrongType`], [`Error::ReadOnly`] or [`Error::Redis`] when Redis cannot
+    /// be used (after retrying temporary failures for the client's retry window).
+    pub async fn try_lock(&self) -> Result<MutexGuard> {
+        self.acquire(Wait::Try).await
+    }
+
+    /// Takes the lock, waiting as long as it takes.
+    ///
+    /// One round trip when the lock is free. Otherwise the task waits for a release to
+    /// be announced through Redis, never polling; a missed announcement costs at most
+    /// the holder's remaining lease. Tasks of this client queue locally behind the
+    /// local holder, and are bounded by its lease in the same way.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future at any point leaves no lock behind (an attempt
+    /// that may have reached Redis is compare-and-deleted in the background), and a
+    /// wake-up it consumed is passed on to another waiter.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotReplicated`] as for [`try_lock`](Mutex::try_lock) (the call does not
+    /// wait for replicas to come back); [`Error::WrongType`], [`Error::ReadOnly`] or
+    /// [`Error::Redis`] when Redis cannot be used (after retrying temporary failures
+    /// for the client's retry window).
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        self.acquire(Wait::FOREVER).await
+    }
+
+    /// Takes the lock, waiting at most `timeout` — which bounds the whole call, a
+    /// request already in flight included. A timeout too long to be represented
+    /// (such as `Duration::MAX`) waits as long as it takes.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock`](Mutex::lock).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when the lock was still held by someone else at the
+    /// deadline; [`Error::Redis`] (with [`is_unavailable`](Error::is_unavailable)) when
+    /// Redis had not answered by then; and the errors of [`lock`](Mutex::lock).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        self.acquire(Wait::timeout(timeout)).await
+    }
+
+    async fn acquire(&self, wait: Wait) -> Result<MutexGuard> {
+        let s = &*self.shared;
+        let token = Token::generate();
+        // Tasks of this client queue locally behind the local holder; one at a time
+        // goes to Redis.
+        let turn = match s.local.enter(&token, !wait.waits()) {
+            Entry::Busy => {
+                // Held (or being acquired) by a task of this client: no need to try, but
+                // tell the caller how long the lease has left.
+                let mut pttl = redis::cmd("PTTL");
+                pttl.arg(&*s.base.key);
+                let remaining = s.base.ctx.conn.send(&pttl).await.ok().and_then(|v| ms(int(&v)));
+                return Err(Error::Contended {
+                    name: s.base.name.to_string(),
+                    remaining,
+                });
+            }
+            Entry::Representative(turn) => turn,
+            Entry::Queued(id, mut rx) => match s.local.wait(&mut rx, wait.deadline()).await {
+                Some(Handed::Lock(handed)) => {
+                    tracing::debug!(lock = %s.base.name, fence = handed.fence, "lock handed over locally");
+                    return Ok(handed.into_guard());
+                }
+                Some(Handed::Turn(turn)) => turn,
+                None => {
+                    // Gave up: leave the queue. Whatever was sent meanwhile is dropped
+                    // with `rx`, which passes it on (a turn) or releases it (a lock).
+                    s.local.leave(id);
+                    return Err(Error::Timeout {
+                        name: s.base.name.to_string(),
+                        waited: Duration::ZERO,
+                    });
+                }
+            },
+        };
+        let core = self.acquire_through_redis(token, wait).await?;
+        s.local.acquired_through_redis();
+        Ok(self.guard(core, Some(turn)))
+    }
+
+    /// The guard of a holding, with this client's turn.
+    fn guard(&self, core: GuardCore, turn: Option<Turn>) -> MutexGuard {
+        if let Some(turn) = &turn {
+            self.shared.local.hold(turn, core.lease());
+        }
+        MutexGuard {
+            fence: core.fence().unwrap_or(FencingToken::new(0)),
+            core: Some(core),
+            mutex: self.clone(),
+            turn,
+        }
+    }
+
+    /// Acquires through Redis with `token` (as this client's representative).
+    async fn acquire_through_redis(&self, token: Token, wait: Wait) -> Result<GuardCore> {
+        let s = &*self.shared;
+        let cmd = MUTEX_ACQUIRE.evalsha(
+            &s.keys,
+            &[
+                token.expose(),
+                &s.ttl_arg,
+                &s.base.ctx.label,
+                &s.base.ctx.retention_arg,
+            ],
+            None,
+        );
+        let release = self.release_call(&token);
+        let spec = Acquire {
+            script: &MUTEX_ACQUIRE,
+            cmd: &cmd,
+            channel: &s.channel,
+            wait,
+            undo: release.clone(),
+            undo_ttl: s.base.options.ttl,
+            renew: self.renew_call(&token),
+            release,
+            token,
+        };
+        let ttl = s.base.options.ttl;
+        s.base
+            .acquire(spec, |reply, _| parse_acquire(reply, ttl, &s.base))
+            .await
+    }
+
+    fn renew_call(&self, token: &Token) -> ScriptCall {
+        let s = &*self.shared;
+        ScriptCall::new(
+            &MUTEX_EXTEND,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.base.ctx.retention_arg.clone()]),
+        )
+    }
+
+    fn release_call(&self, token: &Token) -> ScriptCall {
+        let s = &*self.shared;
+        ScriptCall::new(
+            &MUTEX_RELEASE,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.channel.clone(), s.base.ctx.publish.clone()]),
+        )
+    }
+
+    /// Ends a holding: hands the lock to the next local waiter when there is one (within
+    /// the hand-over budget), else releases it through Redis and passes this client's
+    /// turn on.
+    async fn finish(&self, core: GuardCore, turn: Option<Turn>) -> Result<()> {
+        let s = &*self.shared;
+        // A hand-over skips the replica acknowledgement of an acquire, so locks with
+        // a replica policy always go through Redis.
+        let waiter = match &turn {
+            Some(turn) if s.base.options.replica_ack.is_none() => s.local.next_for_handoff(turn),
+            _ => None,
+        };
+        let Some(waiter) = waiter else {
+            let released = core.release().await;
+            drop(turn);
+            return released;
+        };
+        let popped = Popped {
+            waiter: Some(waiter),
+            turn,
+            mutex: self.clone(),
+        };
+        self.hand_over(core, popped).await
+    }
+
+    /// Moves the lock from `core`'s token to the picked local waiter in one script.
+    async fn hand_over(&self, core: GuardCore, popped: Popped) -> Result<()> {
+        let s = &*self.shared;
+        let release = self.release_call(core.token());
+        let (token, _) = core.take();
+        let cmd = MUTEX_HANDOFF.evalsha(
+            &s.keys,
+            &[
+                token.expose(),
+                popped.token().expose(),
+                &s.ttl_arg,
+                &s.base.ctx.label,
+                &s.base.ctx.retention_arg,
+            ],
+            None,
+        );
+        // If this future is dropped or fails before Redis answers, our own token is
+        // compare-and-deleted in the background (a no-op if the hand-over landed), and
+        // `popped` gives the waiter the turn.
+        let claim = s.base.claim(release);
+        claim.arm();
+        let op = s.base.op("hand over");
+        let sent = Instant::now();
+        let reply = op
+            .eval(&MUTEX_HANDOFF, &cmd, Deadline::Never, Some(&claim))
+            .await?;
+        claim.disarm();
+        match parse_acquire(&reply, s.base.options.ttl, &s.base) {
+            Ok(Reply::Acquired { fence, remaining }) => {
+                tracing::debug!(lock = %s.base.name, ?fence, "lock handed to a local waiter");
+                popped.hand_over(fence.unwrap_or(0), sent, remaining);
+                Ok(())
+            }
+            // Our lease was already gone: the waiter gets the turn and competes in Redis.
+            Ok(Reply::Busy { .. }) => Err(op.not_held()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases the lock held by `token` (for example a token printed by
+    /// `redlease acquire`), and wakes a waiter.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not release the lock; calling again is safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the token does not hold the lock (nothing is changed),
+    /// and Redis errors.
+    pub async fn release_token(&self, token: &Token) -> Result<()> {
+        let call = self.release_call(token);
+        self.shared
+            .base
+            .by_token("release", &call.cmd(), call.script, None)
+            .await
+    }
+
+    /// Makes the lease of the lock held by `token` last at least `ttl` from now (it is
+    /// never shortened).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may or may not extend the lease; calling again is safe.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTtl`], [`Error::NotHeld`] when the token does not hold the lock
+    /// (nothing is changed), [`Error::NotReplicated`] as for
+    /// [`MutexGuard::extend`], and Redis errors.
+    pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
+        let s = &*self.shared;
+        let ttl_ms = s.base.ttl_ms(ttl)?;
+        let call = self.renew_call(token);
+        let release = self.release_call(token);
+        s.base
+            .by_token("extend", &call.cmd_with_ttl(ttl_ms), call.script, Some(&release))
+            .await
+    }
+
+    /// Who holds the lock, for how long, its fencing tokens and how many wait.
+    ///
+    /// Reads only; never reveals the token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
+    pub async fn status(&self) -> Result<MutexStatus> {
+        let s = &*self.shared;
+        let op = s.base.op("status");
+        let cmd = MUTEX_STATUS.evalsha(&s.keys, &[] as &[&str], None);
+        let (reply, waiters) = tokio::join!(
+            op.eval(&MUTEX_STATUS, &cmd, Deadline::Never, None),
+            s.base.ctx.listeners(&s.channel),
+        );
+        let reply = reply?;
+        let h = array(&reply).and_then(holder).ok_or_else(|| op.bad_reply())?;
+        Ok(MutexStatus {
+            held: h.held,
+            owner: h.owner,
+            remaining: h.remaining,
+            fence: h.fence,
+            last_fence: h.last_fence,
+            since: h.since,
+            waiters,
+        })
+    }
+}
+
+/// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have
+/// the same shapes, `0` for "not ours").
+fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply> {
+    if let Some(fence) = int(reply).filter(|&f| f > 0) {
+        // The common case: acquired now, for the full TTL.
+        return Ok(Reply::Acquired {
+            fence: Some(fence as u64),
+            remaining: ttl,
+        });
+    }
+    match array(reply).unwrap_or_default() {
+        [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
+            fence: Some(int(fence).ok_or_else(|| base.op("acquire").bad_reply())? as u64),
+            remaining: ms(int(pttl)).unwrap_or(ttl),
+        }),
+        [flag, pttl] if int(flag) == Some(0) => Ok(Reply::Busy {
+            busy: Busy {
+                remaining: ms(int(pttl)),
+                pass_on: false,
+            },
+            queued: false,
+        }),
+        _ if int(reply) == Some(0) => Ok(Reply::Busy {
+            busy: Busy::default(),
+            queued: false,
+        }),
+        _ => Err(base.op("acquire").bad_reply()),
+    }
+}
+
+/// Proof of holding a [`Mutex`], with its lease and fencing token.
+///
+/// While the guard lives its lease is renewed automatically (unless the lock was made
+/// with `auto_renew(false)`). Check [`is_held`](MutexGuard::is_held) or await
+/// [`lost`](MutexGuard::lost) to learn when it can no longer be relied on, and pass
+/// [`fence`](MutexGuard::fence) to the resource you protect.
+///
+/// # Drop
+///
+/// Dropping the guard without [`release`](MutexGuard::release) stops renewal and
+/// releases the lock in the background when a tokio runtime is running; otherwise the
+/// lease simply expires after its TTL. Prefer `release().await`: it tells you whether
+/// you still held the lock.
+#[must_use = "dropping the guard releases the lock"]
+#[derive(Debug)]
+pub struct MutexGuard {
+    /// `None` once consumed by `release` or `forget`.
+    core: Option<GuardCore>,
+    fence: FencingToken,
+    mutex: Mutex,
+    /// This client's turn: passed on (or the lock handed over) when the guard goes.
+    turn: Option<Turn>,
+}
+
+guard_surface!(MutexGuard, "this guard holds", fence: |g| Some(g.fence));
+
+impl MutexGuard {
+    /// The mutex this guard holds.
+    pub fn mutex(&self) -> &Mutex {
+        &self.mutex
+    }
+
+    /// The fencing token of this acquisition: strictly greater than that of every
+    /// earlier acquisition of the same lock.
+    pub fn fence(&self) -> FencingToken {
+        self.fence
+    }
+
+    /// Releases the lock (compare-and-delete) and wakes a waiter — or, when a task of
+    /// this client waits for it, hands it to that task in one script.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before Redis answered, the release finishes in the
+    /// background.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the lease had already been lost — the protected work may
+    /// have overlapped another holder's; Redis errors (the release is then retried in
+    /// the background until the lease would have expired).
+    pub async fn release(mut self) -> Result<()> {
+        let core = self.core.take().expect("present until the guard is consumed");
+        let turn = self.turn.take();
+        self.mutex.finish(core, turn).await
+    }
+
+    /// Stops renewing and gives up the guard *without* releasing: the lock stays held
+    /// until its lease runs out or someone releases it with the returned token.
+    pub fn forget(mut self) -> Token {
+        // Local waiters get their turn: they will find the lock held until it expires.
+        drop(self.turn.take());
+        self.core
+            .take()
+            .expect("present until the guard is consumed")
+            .forget()
+    }
+
+    fn core(&self) -> &GuardCore {
+        self.core.as_ref().expect("present until the guard is consumed")
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        let Some(core) = self.core.take() else {
+            return;
+        };
+        let turn = self.turn.take();
+        core.state().end(crate::engine::lease::LostReason::Released);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let mutex = self.mutex.clone();
+                runtime.spawn(async move {
+                    let _ = mutex.finish(core, turn).await;
+                });
+            }
+            Err(_) => {
+                tracing::debug!(lock = %self.mutex.name(), "no runtime to release in; the lease will expire");
+                drop(turn);
+                drop(core);
+            }
+        }
+    }
+}
+
+/// A lock handed over by a local holder, on its way to the waiter it was moved to.
+/// Dropped unclaimed (the waiter has gone), it becomes a guard and is dropped: released,
+/// or handed on to the next local waiter.
+pub(crate) struct HandedLock {
+    mutex: Mutex,
+    token: Option<Token>,
+    fence: u64,
+    sent: Instant,
+    remaining: Duration,
+    turn: Option<Turn>,
+}
+
+impl HandedLock {
+    fn into_guard(mut self) -> MutexGuard {
+        let m = &self.mutex;
+        let token = self.token.take().expect("present until consumed");
+        let core = m.shared.base.hold(Held {
+            fence: Some(self.fence),
+            sent: self.sent,
+            remaining: self.remaining,
+            renew: m.renew_call(&token),
+            release: m.release_call(&token),
+            token,
+        });
+        let turn = self.turn.take();
+        m.guard(core, turn)
+    }
+}
+
+impl Drop for HandedLock {
+    fn drop(&mut self) {
+        if self.token.is_some() {
+            let handed = HandedLock {
+                mutex: self.mutex.clone(),
+                token: self.token.take(),
+                fence: self.fence,
+                sent: self.sent,
+                remaining: self.remaining,
+                turn: self.turn.take(),
+            };
+            drop(handed.into_guard());
+        }
+    }
+}
+
+/// A local waiter picked for a hand-over that is under way. If the hand-over does not
+/// complete (the script failed, or the releasing future was dropped), the waiter gets
+/// the turn instead and acquires through Redis with its own token — which also
+/// recognises a hand-over that did land. If the waiter has gone too, a hand-over that
+/// may have landed on its token is compare-and-deleted.
+struct Popped {
+    waiter: Option<Waiter<HandedLock>>,
+    turn: Option<Turn>,
+    mutex: Mutex,
+}
+
+impl Popped {
+    fn token(&self) -> &Token {
+        &self.waiter.as_ref().expect("present until consumed").token
+    }
+
+    fn hand_over(mut self, fence: u64, sent: Instant, remaining: Duration) {
+        let waiter = self.waiter.take().expect("present until consumed");
+        let handed = HandedLock {
+            mutex: self.mutex.clone(),
+            token: Some(waiter.token.clone()),
+            fence,
+            sent,
+            remaining,
+            turn: self.turn.take(),
+        };
+        // A waiter that has gone drops the value it is given back: released.
+        let _ = waiter.send(Handed::Lock(handed));
+    }
+}
+
+impl Drop for Popped {
+    fn drop(&mut self) {
+        let Some(waiter) = self.waiter.take() else {
+            return;
+        };
+        let token = waiter.token.clone();
+        let undelivered = match self.turn.take() {
+            Some(turn) => waiter.send(Handed::Turn(turn)).is_err(),
+            None => true,
+        };
+        if undelivered {
+            let s = &self.mutex.shared;
+            spawn_release(
+                s.base.ctx.clone(),
+                s.base.name.clone(),
+                self.mutex.release_call(&token),
+                s.base.options.ttl,
+            );
+        }
+    }
+}
