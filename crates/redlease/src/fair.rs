@@ -11,14 +11,10 @@ use crate::engine::heartbeat::{Heartbeat, waiter_id};
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
-use crate::options::LeaseOptions;
+use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms, opt_string};
 use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, ScriptCall};
 use crate::token::{FencingToken, Token};
-
-/// Default time a waiter's place in the queue survives without a heartbeat (capped at
-/// the lease TTL).
-pub const DEFAULT_WAITER_TTL: Duration = Duration::from_secs(5);
 
 /// A distributed mutex that serves its waiters in arrival order (FIFO).
 ///

@@ -143,7 +143,7 @@ mod redlock;
 mod rwlock;
 mod semaphore;
 
-pub use fair::{DEFAULT_WAITER_TTL, FairMutex, FairMutexGuard, FairMutexStatus};
+pub use fair::{FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};

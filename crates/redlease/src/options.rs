@@ -43,6 +43,9 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(60);
 pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(3);
 /// Default per-command reply timeout of the connection redlease opens itself.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time a waiter's place in a queue (a fair-mutex waiter, a waiting writer of
+/// a read-write lock) survives without a heartbeat; capped at the lease TTL.
+pub const DEFAULT_WAITER_TTL: Duration = Duration::from_secs(5);
 
 /// Options for one lock: how long its leases last and whether they renew themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,9 +12,8 @@ use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::Heartbeat;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
-use crate::fair::DEFAULT_WAITER_TTL;
 use crate::keys::{self, LockKeys};
-use crate::options::LeaseOptions;
+use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms};
 use crate::script::{
     MUTEX_EXTEND, RW_DOWNGRADE, RW_READ, RW_READ_EXTEND, RW_READ_RELEASE, RW_STATUS, RW_WRITE,

@@ -484,12 +484,12 @@ macro_rules! guard_surface {
 
             /// The secret token stored in Redis for this acquisition. Needed only to
             /// release or extend it from another process; never log it.
-            pub fn token(&self) -> &$crate::Token {
+            pub fn token(&self) -> &$crate::token::Token {
                 self.core().token()
             }
 
             /// The lease; clone it to watch for loss from another task.
-            pub fn lease(&self) -> &$crate::Lease {
+            pub fn lease(&self) -> &$crate::engine::lease::Lease {
                 self.core().lease()
             }
 
@@ -516,7 +516,7 @@ macro_rules! guard_surface {
             /// # Cancel safety
             ///
             /// Cancel safe.
-            pub async fn lost(&self) -> $crate::LostReason {
+            pub async fn lost(&self) -> $crate::engine::lease::LostReason {
                 self.core().lease().lost().await
             }
 
@@ -541,12 +541,12 @@ macro_rules! guard_surface {
             /// [`Error::NotReplicated`](crate::Error::NotReplicated) when the lock's
             /// replica policy releases on a shortfall and too few replicas
             /// acknowledged (the lock was released); Redis errors.
-            pub async fn extend(&self, ttl: std::time::Duration) -> $crate::Result<()> {
+            pub async fn extend(&self, ttl: std::time::Duration) -> $crate::error::Result<()> {
                 self.core().extend(ttl).await
             }
         }
 
-        impl $crate::Guard for $guard {
+        impl $crate::engine::guard::Guard for $guard {
             fn name(&self) -> &str {
                 self.core().name()
             }
@@ -555,23 +555,25 @@ macro_rules! guard_surface {
                 self.core().key()
             }
 
-            fn fence(&self) -> Option<$crate::FencingToken> {
+            fn fence(&self) -> Option<$crate::token::FencingToken> {
                 let $g = self;
                 $fence
             }
 
-            fn lease(&self) -> &$crate::Lease {
+            fn lease(&self) -> &$crate::engine::lease::Lease {
                 self.core().lease()
             }
 
             fn extend(
                 &self,
                 ttl: std::time::Duration,
-            ) -> futures_util::future::BoxFuture<'_, $crate::Result<()>> {
+            ) -> futures_util::future::BoxFuture<'_, $crate::error::Result<()>> {
                 Box::pin(self.core().extend(ttl))
             }
 
-            fn release(self: Box<Self>) -> futures_util::future::BoxFuture<'static, $crate::Result<()>> {
+            fn release(
+                self: Box<Self>,
+            ) -> futures_util::future::BoxFuture<'static, $crate::error::Result<()>> {
                 Box::pin((*self).release())
             }
         }

@@ -28,7 +28,7 @@ use redis::{Cmd, ConnectionInfo, PushInfo, RedisResult, Value};
 use tokio::sync::mpsc;
 
 use super::CommandConnection;
-use super::batch::{group_by, one_pipeline, scatter};
+use super::pipeline::{group_by, key_slot, one_pipeline, scatter};
 use super::value::{array, int, opt_string};
 
 /// How long connecting to a node may take.
@@ -333,7 +333,7 @@ impl NodeBatcher {
 }
 
 fn slot_of(cmd: &Cmd) -> u16 {
-    super::first_key(cmd).map_or(0, super::batch::key_slot)
+    super::first_key(cmd).map_or(0, key_slot)
 }
 
 /// The cluster connection pinned to one node: everything sent through it goes to that

@@ -10,15 +10,16 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 mod batch;
 pub(crate) mod cluster;
+mod pipeline;
 pub(crate) mod sentinel;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 mod topology;
 pub(crate) mod value;
 
-#[cfg(test)]
-pub(crate) use batch::key_slot;
 pub(crate) use batch::{Batching, send_batch};
+#[cfg(test)]
+pub(crate) use pipeline::key_slot;
 pub(crate) use topology::{Deployment, Topology};
 
 /// A connection redlease can send commands over, shared by all its tasks.
