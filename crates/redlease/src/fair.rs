@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
-use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
-use crate::engine::heartbeat::{Heartbeat, waiter_id};
+use crate::engine::heartbeat::{Heartbeat, WaiterTtl, waiter_id};
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -86,8 +86,7 @@ struct FairShared {
     /// The plain mutex's channel, `{<key>}:wake`.
     plain_channel: Arc<str>,
     ttl_arg: Arc<str>,
-    waiter_ttl: Duration,
-    waiter_ttl_arg: Arc<str>,
+    waiter: WaiterTtl,
 }
 
 /// What [`FairMutex::status`] reports. Never contains a token.
@@ -121,7 +120,6 @@ impl FairMutex {
         let meta: Arc<str> = keys.aux("meta").into();
         let queue: Arc<str> = keys.aux("queue").into();
         let alive: Arc<str> = keys.aux("alive").into();
-        let waiter_ttl = options.ttl.min(DEFAULT_WAITER_TTL);
         Ok(FairMutex {
             shared: Arc::new(FairShared {
                 keys: Arc::new([lock.clone(), meta.clone(), queue.clone(), alive.clone()]),
@@ -131,8 +129,7 @@ impl FairMutex {
                 plain_channel: keys.aux("wake").into(),
                 base,
                 ttl_arg: ttl_ms.to_string().into(),
-                waiter_ttl,
-                waiter_ttl_arg: (waiter_ttl.as_millis() as u64).to_string().into(),
+                waiter: WaiterTtl::new(DEFAULT_WAITER_TTL, options.ttl),
             }),
         })
     }
@@ -146,11 +143,8 @@ impl FairMutex {
     ///
     /// [`Error::InvalidTtl`] for a TTL out of range (10 ms ..= 30 days).
     pub fn with_waiter_ttl(self, ttl: Duration) -> Result<Self> {
-        keys::ttl_ms(&self.shared.base.name, ttl)?;
-        let ttl = ttl.min(self.shared.base.options.ttl);
         let mut shared = Arc::unwrap_or_clone(self.shared);
-        shared.waiter_ttl = ttl;
-        shared.waiter_ttl_arg = (ttl.as_millis() as u64).to_string().into();
+        shared.waiter = WaiterTtl::checked(&shared.base.name, ttl, shared.base.options.ttl)?;
         Ok(FairMutex {
             shared: Arc::new(shared),
         })
@@ -173,7 +167,7 @@ impl FairMutex {
 
     /// How long a waiter's place survives without a heartbeat.
     pub fn waiter_ttl(&self) -> Duration {
-        self.shared.waiter_ttl
+        self.shared.waiter.ttl
     }
 
     /// Takes the lock if it is free and nobody waits for it, without queueing. One
@@ -268,7 +262,7 @@ impl FairMutex {
                 &s.ttl_arg,
                 &ctx.label,
                 &ctx.retention_arg,
-                &s.waiter_ttl_arg,
+                &s.waiter.arg,
                 if wait.waits() { "1" } else { "0" },
                 &s.channel_prefix,
                 &ctx.publish,
@@ -278,7 +272,7 @@ impl FairMutex {
         let heartbeat = Heartbeat::new(
             ctx.clone(),
             &s.base.name,
-            s.waiter_ttl,
+            s.waiter.ttl,
             ScriptCall::new(
                 &FAIR_HEARTBEAT,
                 s.queue_keys.clone(),
@@ -292,7 +286,6 @@ impl FairMutex {
             wait,
             // Leaving removes the lock an attempt may have taken and our queue entry.
             undo: self.release_call(&token, member),
-            undo_ttl: s.base.options.ttl.max(s.waiter_ttl),
             renew: ScriptCall::new(
                 &MUTEX_EXTEND,
                 s.lock_keys.clone(),
@@ -306,18 +299,10 @@ impl FairMutex {
         let core = s
             .base
             .acquire(spec, |reply, sent| {
-                if let Some(fence) = int(reply) {
-                    return Ok(Reply::Acquired {
-                        fence: Some(fence as u64),
-                        remaining: ttl,
-                    });
+                if let Some(acquired) = Reply::acquired(reply, ttl, true) {
+                    return Ok(acquired);
                 }
-                let bad = || s.base.op("acquire").bad_reply();
                 match array(reply).unwrap_or_default() {
-                    [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
-                        fence: Some(int(fence).ok_or_else(bad)? as u64),
-                        remaining: ms(int(pttl)).unwrap_or(ttl),
-                    }),
                     [flag, pttl, place, joined] if int(flag) == Some(0) => {
                         let place = int(place).and_then(|p| u64::try_from(p).ok());
                         if let Some(place) = place {
@@ -338,7 +323,7 @@ impl FairMutex {
                             queued: place.is_some(),
                         })
                     }
-                    _ => Err(bad()),
+                    _ => Err(s.base.op("acquire").bad_reply()),
                 }
             })
             .await?;
@@ -422,16 +407,11 @@ impl FairMutex {
     /// [`Error::WrongType`] when a key is not a lock's, and Redis errors.
     pub async fn status(&self) -> Result<FairMutexStatus> {
         let s = &*self.shared;
-        let op = s.base.op("status");
         let cmd = FAIR_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let reply = op.eval(&FAIR_STATUS, &cmd, Deadline::Never, None).await?;
-        let items = array(&reply).ok_or_else(|| op.bad_reply())?;
-        let (Some(h), [.., waiting, labels]) = (holder(items), items) else {
-            return Err(op.bad_reply());
+        let (items, _) = s.base.status(&FAIR_STATUS, &cmd, None).await?;
+        let (Some(h), [_, _, _, _, _, _, waiting, labels]) = (holder(&items), &items[..]) else {
+            return Err(s.base.op("status").bad_reply());
         };
-        if items.len() != 8 {
-            return Err(op.bad_reply());
-        }
         Ok(FairMutexStatus {
             held: h.held,
             owner: h.owner,

@@ -289,7 +289,6 @@ impl LegacyLock {
             channel: &s.channel,
             wait,
             undo: release.clone(),
-            undo_ttl: s.legacy.timeout,
             renew: ScriptCall::new(
                 &LEGACY_RENEW,
                 s.keys.clone(),

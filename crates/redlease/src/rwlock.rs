@@ -9,7 +9,7 @@ use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
-use crate::engine::heartbeat::Heartbeat;
+use crate::engine::heartbeat::{Heartbeat, WaiterTtl};
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -88,8 +88,7 @@ struct RwShared {
     read_channel: Arc<str>,
     write_channel: Arc<str>,
     ttl_arg: Arc<str>,
-    waiter_ttl: Duration,
-    waiter_ttl_arg: Arc<str>,
+    waiter: WaiterTtl,
 }
 
 /// What [`RwLock::status`] reports. Never contains a token.
@@ -120,7 +119,6 @@ impl RwLock {
         let keys = LockKeys::new(&ctx.prefix, name)?;
         let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
-        let waiter_ttl = options.ttl.min(DEFAULT_WAITER_TTL);
         Ok(RwLock {
             shared: Arc::new(RwShared {
                 base,
@@ -130,8 +128,7 @@ impl RwLock {
                 read_channel: keys.aux("wake:read").into(),
                 write_channel: keys.aux("wake:write").into(),
                 ttl_arg: ttl_ms.to_string().into(),
-                waiter_ttl,
-                waiter_ttl_arg: (waiter_ttl.as_millis() as u64).to_string().into(),
+                waiter: WaiterTtl::new(DEFAULT_WAITER_TTL, options.ttl),
             }),
         })
     }
@@ -144,11 +141,8 @@ impl RwLock {
     ///
     /// [`Error::InvalidTtl`] for a TTL out of range (10 ms ..= 30 days).
     pub fn with_waiter_ttl(self, ttl: Duration) -> Result<Self> {
-        keys::ttl_ms(&self.shared.base.name, ttl)?;
-        let ttl = ttl.min(self.shared.base.options.ttl);
         let mut shared = Arc::unwrap_or_clone(self.shared);
-        shared.waiter_ttl = ttl;
-        shared.waiter_ttl_arg = (ttl.as_millis() as u64).to_string().into();
+        shared.waiter = WaiterTtl::checked(&shared.base.name, ttl, shared.base.options.ttl)?;
         Ok(RwLock {
             shared: Arc::new(shared),
         })
@@ -171,7 +165,7 @@ impl RwLock {
 
     /// How long a waiting writer's registration survives without a heartbeat.
     pub fn waiter_ttl(&self) -> Duration {
-        self.shared.waiter_ttl
+        self.shared.waiter.ttl
     }
 
     /// Takes a read share if no writer holds the lock or waits for it. One round trip.
@@ -280,7 +274,6 @@ impl RwLock {
             channel: &s.read_channel,
             wait,
             undo: release.clone(),
-            undo_ttl: s.base.options.ttl,
             renew: self.read_renew_call(&token),
             release,
             token,
@@ -289,24 +282,11 @@ impl RwLock {
         let core = s
             .base
             .acquire(spec, |reply, _| {
-                if int(reply) == Some(1) {
-                    return Ok(Reply::Acquired {
-                        fence: None,
-                        remaining: ttl,
-                    });
+                if let Some(acquired) = Reply::acquired(reply, ttl, false) {
+                    return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, remaining] if int(flag) == Some(1) => Ok(Reply::Acquired {
-                        fence: None,
-                        remaining: ms(int(remaining)).unwrap_or_default(),
-                    }),
-                    [flag, remaining] if int(flag) == Some(0) => Ok(Reply::Busy {
-                        busy: Busy {
-                            remaining: ms(int(remaining)),
-                            pass_on: false,
-                        },
-                        queued: false,
-                    }),
+                    [flag, remaining] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(remaining)))),
                     _ => Err(s.base.op("read").bad_reply()),
                 }
             })
@@ -350,7 +330,7 @@ impl RwLock {
                 &s.ttl_arg,
                 &ctx.label,
                 &ctx.retention_arg,
-                &s.waiter_ttl_arg,
+                &s.waiter.arg,
                 if wait.waits() { "1" } else { "0" },
             ],
             None,
@@ -358,7 +338,7 @@ impl RwLock {
         let heartbeat = Heartbeat::new(
             ctx.clone(),
             &s.base.name,
-            s.waiter_ttl,
+            s.waiter.ttl,
             ScriptCall::new(
                 &RW_WRITER_HEARTBEAT,
                 Arc::new([s.writers.clone()]),
@@ -372,7 +352,6 @@ impl RwLock {
             wait,
             // Withdraws the registration and any lock an attempt may have taken.
             undo: self.write_release_call(&token, true),
-            undo_ttl: s.base.options.ttl.max(s.waiter_ttl),
             renew: ScriptCall::new(
                 &MUTEX_EXTEND,
                 Arc::new([s.base.key.clone(), s.meta.clone()]),
@@ -386,18 +365,10 @@ impl RwLock {
         let core = s
             .base
             .acquire(spec, |reply, sent| {
-                if let Some(fence) = int(reply) {
-                    return Ok(Reply::Acquired {
-                        fence: Some(fence as u64),
-                        remaining: ttl,
-                    });
+                if let Some(acquired) = Reply::acquired(reply, ttl, true) {
+                    return Ok(acquired);
                 }
-                let bad = || s.base.op("write").bad_reply();
                 match array(reply).unwrap_or_default() {
-                    [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
-                        fence: Some(int(fence).ok_or_else(bad)? as u64),
-                        remaining: ms(int(pttl)).unwrap_or(ttl),
-                    }),
                     [flag, remaining, registered] if int(flag) == Some(0) => {
                         if waits {
                             heartbeat.joined(sent, int(registered) == Some(1));
@@ -411,7 +382,7 @@ impl RwLock {
                             queued: waits,
                         })
                     }
-                    _ => Err(bad()),
+                    _ => Err(s.base.op("write").bad_reply()),
                 }
             })
             .await?;

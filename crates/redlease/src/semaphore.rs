@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
-use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -261,7 +261,6 @@ impl Semaphore {
             channel: &s.channel,
             wait,
             undo: release.clone(),
-            undo_ttl: s.base.options.ttl,
             renew: self.call(&SEM_EXTEND, &token, &count),
             release,
             token,
@@ -270,17 +269,10 @@ impl Semaphore {
         let core = s
             .base
             .acquire(spec, |reply, _| {
-                if int(reply) == Some(1) {
-                    return Ok(Reply::Acquired {
-                        fence: None,
-                        remaining: ttl,
-                    });
+                if let Some(acquired) = Reply::acquired(reply, ttl, false) {
+                    return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, remaining] if int(flag) == Some(1) => Ok(Reply::Acquired {
-                        fence: None,
-                        remaining: ms(int(remaining)).unwrap_or_default(),
-                    }),
                     [flag, remaining, free] if int(flag) == Some(0) => Ok(Reply::Busy {
                         busy: Busy {
                             remaining: ms(int(remaining)),
@@ -354,15 +346,10 @@ impl Semaphore {
     /// [`Error::WrongType`] when a key is not a semaphore's, and Redis errors.
     pub async fn status(&self) -> Result<SemaphoreStatus> {
         let s = &*self.shared;
-        let op = s.base.op("status");
         let cmd = SEM_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let (reply, waiters) = tokio::join!(
-            op.eval(&SEM_STATUS, &cmd, Deadline::Never, None),
-            s.base.ctx.listeners(&s.channel),
-        );
-        let reply = reply?;
-        let [stored, in_use, lapse] = array(&reply).unwrap_or_default() else {
-            return Err(op.bad_reply());
+        let (items, waiters) = s.base.status(&SEM_STATUS, &cmd, Some(&s.channel)).await?;
+        let [stored, in_use, lapse] = &items[..] else {
+            return Err(s.base.op("status").bad_reply());
         };
         let in_use = int(in_use).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
         let limit = opt_string(stored)

@@ -199,7 +199,11 @@ fn the_module_graph_has_no_cycle() {
     }
     assert!(edges.len() > 20, "the graph was read: {} modules", edges.len());
     // The parser sees the imports it must see.
-    assert!(edges["engine::guard"].contains("engine::lease"), "{:?}", edges["engine::guard"]);
+    assert!(
+        edges["engine::guard"].contains("engine::lease"),
+        "{:?}",
+        edges["engine::guard"]
+    );
     assert!(edges["fair"].contains("engine::acquire"), "{:?}", edges["fair"]);
 }
 

@@ -12,8 +12,8 @@ use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
 use super::notify::{Subscription, WakeDebt};
-use super::request::Claim;
 use crate::error::{Error, Result};
+use crate::script::reply::{array, int, ms};
 use crate::script::{LuaScript, ScriptCall};
 use crate::token::Token;
 
@@ -152,11 +152,9 @@ pub(crate) struct Acquire<'a> {
     /// The acquisition's token.
     pub token: Token,
     /// Undoes whatever an attempt may have left behind — the lock itself, and a queue
-    /// entry of a waiter — if the caller does not get to use it.
+    /// entry of a waiter (whose TTL is never longer than the lease) — if the caller does
+    /// not get to use it.
     pub undo: ScriptCall,
-    /// How long something an attempt left behind can matter: the lease, or a waiter
-    /// entry's TTL when that is longer.
-    pub undo_ttl: Duration,
     /// Renews the lease (the TTL is appended).
     pub renew: ScriptCall,
     /// Releases the lease.
@@ -170,6 +168,46 @@ pub(crate) enum Reply {
     Acquired { fence: Option<u64>, remaining: Duration },
     /// Busy. `queued`: the attempt left a waiter entry behind (`undo` removes it).
     Busy { busy: Busy, queued: bool },
+}
+
+impl Reply {
+    /// Reads the replies every acquire script gives when it acquired: with a fencing
+    /// token, `fence` (now, for the full `ttl`) or `{1, fence, pttl}` (already ours: a
+    /// retry after a lost reply, with what is left); without, `1` or `{1, pttl}`.
+    /// `None` for any other reply (busy, or a shape of the primitive's own).
+    pub fn acquired(reply: &Value, ttl: Duration, fenced: bool) -> Option<Reply> {
+        match (int(reply), array(reply).unwrap_or_default()) {
+            (Some(fence), _) if fenced && fence > 0 => Some(Reply::Acquired {
+                fence: Some(fence as u64),
+                remaining: ttl,
+            }),
+            (Some(1), _) if !fenced => Some(Reply::Acquired {
+                fence: None,
+                remaining: ttl,
+            }),
+            (_, [flag, fence, pttl]) if fenced && int(flag) == Some(1) => Some(Reply::Acquired {
+                fence: Some(u64::try_from(int(fence)?).ok()?),
+                remaining: ms(int(pttl)).unwrap_or(ttl),
+            }),
+            (_, [flag, pttl]) if !fenced && int(flag) == Some(1) => Some(Reply::Acquired {
+                fence: None,
+                remaining: ms(int(pttl)).unwrap_or(ttl),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Busy, for at most `remaining` (the holder's lease, when known), with nothing
+    /// left behind.
+    pub fn busy(remaining: Option<Duration>) -> Reply {
+        Reply::Busy {
+            busy: Busy {
+                remaining,
+                pass_on: false,
+            },
+            queued: false,
+        }
+    }
 }
 
 impl LockBase {
@@ -192,11 +230,10 @@ impl LockBase {
             wait,
             token,
             undo,
-            undo_ttl,
             renew,
             release,
         } = spec;
-        let claim = Claim::new(self.ctx.clone(), &self.name, undo, undo_ttl);
+        let claim = self.claim(undo);
         let op = self.op("acquire");
         let ack = self.options.replica_ack.as_ref();
         let waiting = Waiting {

@@ -202,6 +202,29 @@ impl LockBase {
         }
     }
 
+    /// Runs a status script (which only reads) and, given the lock's wake-up `channel`,
+    /// counts the processes listening on it at the same time; returns the elements of
+    /// the script's reply and that count.
+    pub async fn status(
+        &self,
+        script: &'static crate::script::LuaScript,
+        cmd: &Cmd,
+        channel: Option<&str>,
+    ) -> Result<(Vec<Value>, u64)> {
+        let op = self.op("status");
+        let listeners = async {
+            match channel {
+                Some(channel) => self.ctx.listeners(channel).await,
+                None => 0,
+            }
+        };
+        let (reply, waiters) = tokio::join!(op.eval(script, cmd, Deadline::Never, None), listeners);
+        match reply? {
+            Value::Array(items) => Ok((items, waiters)),
+            _ => Err(op.bad_reply()),
+        }
+    }
+
     /// Runs a by-token script — release or extend a lock held by a token from outside
     /// a guard — that replies 1 when the token holds the lock; any other reply is
     /// [`Error::NotHeld`]. Extends (with `release` given, to undo a shortfall) wait for

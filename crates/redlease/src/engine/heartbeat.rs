@@ -72,6 +72,32 @@ impl Drop for Heartbeat {
     }
 }
 
+/// How long a waiter's entry survives without a heartbeat, and the same as a script
+/// argument: at most the lock's lease TTL.
+#[derive(Clone, Debug)]
+pub(crate) struct WaiterTtl {
+    pub ttl: Duration,
+    /// The TTL in milliseconds, as the script argument.
+    pub arg: Arc<str>,
+}
+
+impl WaiterTtl {
+    /// `ttl`, capped at the lease TTL `lease`.
+    pub fn new(ttl: Duration, lease: Duration) -> Self {
+        let ttl = ttl.min(lease);
+        WaiterTtl {
+            ttl,
+            arg: (ttl.as_millis() as u64).to_string().into(),
+        }
+    }
+
+    /// `ttl` for lock `name` with lease `lease`, checked, then capped.
+    pub fn checked(name: &str, ttl: Duration, lease: Duration) -> crate::error::Result<Self> {
+        crate::keys::ttl_ms(name, ttl)?;
+        Ok(Self::new(ttl, lease))
+    }
+}
+
 /// A random public id for a waiter: 16 hex digits. Not a secret (it names a channel).
 pub(crate) fn waiter_id() -> String {
     let r = getrandom::u64().unwrap_or_else(|_| {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::acquire::{Acquire, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
@@ -247,7 +247,6 @@ impl Mutex {
             channel: &s.channel,
             wait,
             undo: release.clone(),
-            undo_ttl: s.base.options.ttl,
             renew: self.renew_call(&token),
             release,
             token,
@@ -389,14 +388,9 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let op = s.base.op("status");
         let cmd = MUTEX_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let (reply, waiters) = tokio::join!(
-            op.eval(&MUTEX_STATUS, &cmd, Deadline::Never, None),
-            s.base.ctx.listeners(&s.channel),
-        );
-        let reply = reply?;
-        let h = array(&reply).and_then(holder).ok_or_else(|| op.bad_reply())?;
+        let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
+        let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
             held: h.held,
             owner: h.owner,
@@ -410,31 +404,14 @@ impl Mutex {
 }
 
 /// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have
-/// the same shapes, `0` for "not ours").
+/// the same shapes, and `0` for "the old token does not hold the lock").
 fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply> {
-    if let Some(fence) = int(reply).filter(|&f| f > 0) {
-        // The common case: acquired now, for the full TTL.
-        return Ok(Reply::Acquired {
-            fence: Some(fence as u64),
-            remaining: ttl,
-        });
+    if let Some(acquired) = Reply::acquired(reply, ttl, true) {
+        return Ok(acquired);
     }
     match array(reply).unwrap_or_default() {
-        [flag, fence, pttl] if int(flag) == Some(1) => Ok(Reply::Acquired {
-            fence: Some(int(fence).ok_or_else(|| base.op("acquire").bad_reply())? as u64),
-            remaining: ms(int(pttl)).unwrap_or(ttl),
-        }),
-        [flag, pttl] if int(flag) == Some(0) => Ok(Reply::Busy {
-            busy: Busy {
-                remaining: ms(int(pttl)),
-                pass_on: false,
-            },
-            queued: false,
-        }),
-        _ if int(reply) == Some(0) => Ok(Reply::Busy {
-            busy: Busy::default(),
-            queued: false,
-        }),
+        [flag, pttl] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(pttl)))),
+        _ if int(reply) == Some(0) => Ok(Reply::busy(None)),
         _ => Err(base.op("acquire").bad_reply()),
     }
 }
