@@ -146,7 +146,7 @@ impl Client {
     /// just before a failover may be missing on the promoted replica. Its holder
     /// learns it at the next renewal ([`LostReason::Gone`](crate::LostReason::Gone)),
     /// but another client may take the lock before then. A
-    /// [`ReplicaAck`] policy narrows that window; fencing tokens make it harmless.
+    /// [`ReplicaAck`](crate::ReplicaAck) policy narrows that window; fencing tokens make it harmless.
     ///
     /// # Errors
     ///

@@ -149,7 +149,7 @@ fn timeout_ms(name: &str, unit: TimestampUnit, timeout: Duration) -> Result<u64>
 ///   lets a client that loses the `GETSET` race leave its own timestamp in the key
 ///   ("not a problem" for old clients, which release by plain `DEL`). If that happens
 ///   to a lock redlease just took over, redlease can no longer prove it is its own: the
-///   guard reports [`LostReason::Gone`] at its next renewal and `release` fails with
+///   guard reports [`LostReason::Gone`](crate::LostReason::Gone) at its next renewal and `release` fails with
 ///   [`Error::NotHeld`] without deleting, and the key frees itself when the loser's
 ///   timestamp expires. Exclusion holds — with one timeout and agreeing clocks, the
 ///   loser's timestamp is no earlier than ours — but the redlease holder is told to stop

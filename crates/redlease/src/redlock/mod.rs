@@ -50,7 +50,7 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 
 /// A quorum lock service over N independent Redis masters (antirez's Redlock).
 ///
-/// Build it from one [`Client`] per master — masters that do *not* replicate each
+/// Build it from one [`Client`](crate::Client) per master — masters that do *not* replicate each
 /// other, ideally on separate machines — and take locks with [`mutex`](Redlock::mutex).
 /// A lock is held while a majority of the masters hold its key, so it survives the
 /// loss of a minority: with 3 masters, one may be down; with 5, two.
@@ -166,7 +166,7 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] as for [`Client::mutex`].
+    /// [`Error::InvalidName`] as for [`Client::mutex`](crate::Client::mutex).
     pub fn mutex(&self, name: &str) -> Result<RedlockMutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
