@@ -272,7 +272,7 @@ async fn an_endless_retry_window_still_ends_at_the_call_deadline() {
     let proxy = Proxy::start(server.addr()).await.unwrap();
     let client = impatient_client(&proxy.url(), Duration::from_millis(100), Duration::MAX).await;
     let mutex = client.mutex("max-window").unwrap();
-    let mut conn = raw(&server).await;
+    let conn = raw(&server).await;
     proxy.hold_replies();
     let started = Instant::now();
     let attempt = tokio::spawn({
@@ -294,7 +294,6 @@ async fn an_endless_retry_window_still_ends_at_the_call_deadline() {
         async move { !exists(&mut conn, "redlease:max-window").await }
     })
     .await;
-    let _ = &mut conn;
 }
 
 /// `extend(Duration::MAX)` is an invalid TTL on every kind of guard, not a panic, and
