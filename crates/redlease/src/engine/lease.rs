@@ -156,8 +156,38 @@ impl LeaseState {
         })
     }
 
+    /// The state, after ending the lease as `Expired` if it ran past `valid_until`
+    /// unconfirmed: whoever looks first — `is_held`, `lost()`, the renewal task, a
+    /// reply that came too late — sees the same, and an expired lease stays ended.
     fn state(&self) -> State {
-        *self.state.lock().expect("lease lock")
+        let (state, expired) = {
+            let mut state = self.state.lock().expect("lease lock");
+            let expired = Self::expire_locked(&mut state);
+            (*state, expired)
+        };
+        if expired {
+            self.ended_now(LostReason::Expired);
+        }
+        state
+    }
+
+    fn expire_locked(state: &mut State) -> bool {
+        if state.ended.is_none() && Instant::now() >= state.valid_until {
+            state.ended = Some(LostReason::Expired);
+            return true;
+        }
+        false
+    }
+
+    /// What follows the end of the lease: waking `lost()`, dropping the renewal
+    /// schedule, a log line.
+    fn ended_now(&self, reason: LostReason) {
+        self.changed.notify_waiters();
+        self.bump_epoch();
+        match reason {
+            LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
+            _ => tracing::warn!(lock = %self.name, %reason, "lease lost"),
+        }
     }
 
     /// The lease length renewals ask for.
@@ -180,8 +210,7 @@ impl LeaseState {
 
     /// Whether the lease has neither ended nor run past `valid_until`.
     pub fn is_held(&self) -> bool {
-        let s = self.state();
-        s.ended.is_none() && Instant::now() < s.valid_until
+        self.state().ended.is_none()
     }
 
     /// When the next renewal is due.
@@ -210,9 +239,17 @@ impl LeaseState {
     /// Records that a request sent at `sent` confirmed the lease for `ttl` more. Only
     /// ever moves the lease forward (see the module docs): a reply that proves less
     /// than an earlier one changes nothing.
+    ///
+    /// A reply that arrives after `valid_until` passed does not revive the lease: the
+    /// holder may already have been told it was lost, and must not be told otherwise.
     pub fn confirm(&self, sent: Instant, ttl: Duration) {
         {
             let mut state = self.state.lock().expect("lease lock");
+            if Self::expire_locked(&mut state) {
+                drop(state);
+                self.ended_now(LostReason::Expired);
+                return;
+            }
             if state.ended.is_some() {
                 return;
             }
@@ -243,21 +280,9 @@ impl LeaseState {
             first
         };
         if ended {
-            self.changed.notify_waiters();
-            self.bump_epoch();
-            match reason {
-                LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
-                _ => tracing::warn!(lock = %self.name, %reason, "lease lost"),
-            }
+            self.ended_now(reason);
         }
         ended
-    }
-
-    /// Ends the lease as `Expired` if it ran past `valid_until` unconfirmed.
-    fn expire_if_due(&self) {
-        if self.valid_until() <= Instant::now() {
-            self.end(LostReason::Expired);
-        }
     }
 }
 
@@ -293,6 +318,9 @@ impl Lease {
     }
 
     /// Whether the lease has neither ended nor run past [`valid_until`](Lease::valid_until).
+    /// Once `valid_until` has passed unconfirmed the lease has ended
+    /// ([`LostReason::Expired`]) for good: a renewal reply that comes later does not
+    /// revive it.
     pub fn is_held(&self) -> bool {
         self.state.is_held()
     }
@@ -331,7 +359,8 @@ impl Lease {
             }
             tokio::select! {
                 _ = changed => {}
-                _ = tokio::time::sleep_until(now.valid_until) => state.expire_if_due(),
+                // Looking at the state again ends the lease if it ran out.
+                _ = tokio::time::sleep_until(now.valid_until) => {}
             }
         }
     }
@@ -383,6 +412,16 @@ mod tests {
         l.confirm(Instant::now(), Duration::from_secs(60));
         assert_eq!(l.valid_until(), before);
         assert_eq!(l.ended(), Some(LostReason::Gone));
+        assert!(!l.is_held());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_confirmation_does_not_revive_an_expired_lease() {
+        let l = lease(Duration::from_millis(300));
+        let sent = Instant::now();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        l.confirm(sent, Duration::from_secs(60));
+        assert_eq!(l.ended(), Some(LostReason::Expired));
         assert!(!l.is_held());
     }
 
