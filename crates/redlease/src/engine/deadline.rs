@@ -16,14 +16,29 @@ pub(crate) enum Deadline {
 }
 
 impl Deadline {
-    /// `d` from now; a duration too long to be represented as an instant means never.
+    /// `d` from now; a duration of a century or more — too long for any timer to
+    /// represent, such as `Duration::MAX` — means never.
     pub fn after(d: Duration) -> Self {
         Self::from(Instant::now(), d)
     }
 
-    /// `d` after `start`; never when that cannot be represented.
+    /// `d` after `start`; never for a century or more, or when it cannot be
+    /// represented.
     pub fn from(start: Instant, d: Duration) -> Self {
+        if d >= CENTURY {
+            return Deadline::Never;
+        }
         start.checked_add(d).map_or(Deadline::Never, Deadline::At)
+    }
+
+    /// The deadline, but not before `floor` from now: what a request just sent is
+    /// given, so that a deadline that has (almost) passed still lets Redis answer one
+    /// last attempt.
+    pub fn at_least(self, floor: Duration) -> Deadline {
+        match self {
+            Deadline::Never => Deadline::Never,
+            Deadline::At(t) => Deadline::At(t.max(later(Instant::now(), floor))),
+        }
     }
 
     /// The instant, unless never.
@@ -114,11 +129,13 @@ impl Wait {
     }
 }
 
-/// `t + d`, or the farthest representable instant ahead of `t` (about a century) when
-/// that overflows: for timers that must be armed with some instant.
+/// A century: longer than any deadline or timer needs to be.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `t + d`, but at most a century ahead of `t`: for timers that must be armed with
+/// some instant, whatever the duration.
 pub(crate) fn later(t: Instant, d: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-    t.checked_add(d).or_else(|| t.checked_add(CENTURY)).unwrap_or(t)
+    t.checked_add(d.min(CENTURY)).unwrap_or(t)
 }
 
 #[cfg(test)]
@@ -128,6 +145,8 @@ mod tests {
     #[test]
     fn absurd_durations_mean_never() {
         assert_eq!(Deadline::after(Duration::MAX), Deadline::Never);
+        assert_eq!(Deadline::after(CENTURY), Deadline::Never);
+        assert_ne!(Deadline::after(CENTURY / 2), Deadline::Never);
         assert_eq!(Wait::timeout(Duration::MAX).deadline(), Deadline::Never);
         assert!(!Deadline::after(Duration::MAX).passed());
         assert!(later(Instant::now(), Duration::MAX) > Instant::now());
@@ -143,6 +162,19 @@ mod tests {
         assert_eq!(Deadline::Never.min(Deadline::Never), Deadline::Never);
         assert!(soon.before(late.at().unwrap()));
         assert!(!Deadline::Never.before(Instant::now()));
+    }
+
+    #[test]
+    fn a_passed_deadline_still_leaves_a_request_its_floor() {
+        let passed = Deadline::At(Instant::now());
+        let floor = passed.at_least(Duration::from_millis(250)).at().unwrap();
+        assert!(floor >= Instant::now() + Duration::from_millis(200));
+        let far = Deadline::after(Duration::from_secs(60));
+        assert_eq!(far.at_least(Duration::from_millis(250)), far);
+        assert_eq!(
+            Deadline::Never.at_least(Duration::from_millis(250)),
+            Deadline::Never
+        );
     }
 
     #[tokio::test]

@@ -21,6 +21,11 @@ use crate::script::{LuaScript, ScriptCall, eval, eval_then};
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 /// Longest delay between retries.
 const RETRY_MAX: Duration = Duration::from_millis(500);
+/// The least time a request is given to answer, even when the caller's deadline is
+/// closer: a deadline that (almost) passed still lets Redis answer a last attempt, so
+/// `lock_timeout(Duration::ZERO)` on a free lock acquires it, while a stalled server
+/// delays the call by at most this much past its deadline.
+pub(crate) const REQUEST_FLOOR: Duration = Duration::from_millis(250);
 
 /// One operation on one lock: what its requests go over and what their errors name.
 #[derive(Clone, Copy, Debug)]
@@ -91,8 +96,9 @@ impl<'a> Op<'a> {
     /// Runs `send` — an idempotent request — until it succeeds, fails for good, or
     /// fails in a way that may be temporary (timeout, broken connection, server loading,
     /// cluster redirection) for longer than the client's retry window. The whole call,
-    /// a request in flight included, ends at `deadline`: then the error says Redis did
-    /// not answer in time.
+    /// a request in flight included, ends at `deadline` — or [`REQUEST_FLOOR`] after the
+    /// last request was sent, whichever is later: then the error says Redis did not
+    /// answer in time.
     ///
     /// `claim` (if given) learns when a request failed after it may have reached Redis.
     pub async fn retrying<T, F, Fut>(
@@ -108,7 +114,7 @@ impl<'a> Op<'a> {
         let window = Deadline::after(self.ctx.retry_window);
         let mut delay = RETRY_FIRST;
         loop {
-            let Some(outcome) = deadline.bound(send()).await else {
+            let Some(outcome) = deadline.at_least(REQUEST_FLOOR).bound(send()).await else {
                 if let Some(c) = claim {
                     c.doubt();
                 }

@@ -158,7 +158,8 @@ impl Mutex {
     }
 
     /// Takes the lock, waiting at most `timeout` — which bounds the whole call, a
-    /// request already in flight included. A timeout too long to be represented
+    /// request already in flight included (each request is still given at least 250 ms
+    /// to answer, so a zero timeout takes a free lock). A timeout of a century or more
     /// (such as `Duration::MAX`) waits as long as it takes.
     ///
     /// # Cancel safety
