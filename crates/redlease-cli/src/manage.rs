@@ -6,7 +6,6 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redlease::{Mutex, MutexGuard};
 use serde_json::json;
 
 use crate::cli::{
@@ -17,30 +16,48 @@ use crate::exit::{self, Failure};
 use crate::signals::Signals;
 use crate::{Global, connect, lease_options};
 
-/// Takes the lock as `wait` says; a signal to redlease cancels the wait.
-///
-/// Returns `Err(status)` when a signal interrupted the wait: the attempt's token is then
-/// compare-and-deleted in the background (see `finish_background_work`), so nothing is
-/// left behind.
-pub async fn acquire_lock(
-    mutex: &Mutex,
-    wait: &WaitArgs,
-    signals: &mut Signals,
-    global: &Global,
-) -> Result<MutexGuard, Failure> {
-    let attempt = async {
-        match wait.how() {
-            How::Now => mutex.try_lock().await,
-            How::Within(limit) => mutex.lock_timeout(limit).await,
-            How::Forever => mutex.lock().await,
-        }
-    };
-    acquire_with(mutex.name(), attempt, wait, signals, global).await
+/// What taking a lock needs besides the lock itself.
+pub struct Taker<'a> {
+    pub name: &'a str,
+    /// `--wait` / `--no-wait`.
+    pub wait: &'a WaitArgs,
+    /// A signal to redlease cancels the wait.
+    pub signals: &'a mut Signals,
+    pub global: &'a Global,
+}
+
+impl Taker<'_> {
+    /// Takes the lock, whatever its kind, as `--wait`/`--no-wait` say: `now` with
+    /// `--no-wait`, `within` the limit of `--wait`, `forever` without either.
+    ///
+    /// Fails with status 128+N when signal N interrupted the wait: the attempt's token
+    /// is then compare-and-deleted in the background (see `finish_background_work`), so
+    /// nothing is left behind.
+    pub async fn take<T, Now, Within, Forever>(
+        self,
+        now: impl FnOnce() -> Now,
+        within: impl FnOnce(Duration) -> Within,
+        forever: impl FnOnce() -> Forever,
+    ) -> Result<T, Failure>
+    where
+        Now: Future<Output = redlease::Result<T>>,
+        Within: Future<Output = redlease::Result<T>>,
+        Forever: Future<Output = redlease::Result<T>>,
+    {
+        let attempt = async {
+            match self.wait.how() {
+                How::Now => now().await,
+                How::Within(limit) => within(limit).await,
+                How::Forever => forever().await,
+            }
+        };
+        acquire_with(self.name, attempt, self.wait, self.signals, self.global).await
+    }
 }
 
 /// Runs an acquire `attempt` of lock `name`; a signal to redlease cancels it (every
 /// primitive's acquire leaves nothing behind when cancelled).
-pub async fn acquire_with<T>(
+async fn acquire_with<T>(
     name: &str,
     attempt: impl Future<Output = redlease::Result<T>>,
     wait: &WaitArgs,
@@ -85,7 +102,15 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
     let mutex = client
         .mutex_with(&args.name, lease_options(global, args.ttl).auto_renew(false))
         .map_err(lock_err)?;
-    let guard = acquire_lock(&mutex, &args.wait, &mut signals, global).await?;
+    let taker = Taker {
+        name: &args.name,
+        wait: &args.wait,
+        signals: &mut signals,
+        global,
+    };
+    let guard = taker
+        .take(|| mutex.try_lock(), |t| mutex.lock_timeout(t), || mutex.lock())
+        .await?;
     let fence = guard.fence().get();
     let ttl_ms = args.ttl.as_millis() as u64;
     let token = guard.forget();
