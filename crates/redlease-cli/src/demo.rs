@@ -19,10 +19,10 @@ use redlease_testkit::RedisServer;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::cli::{DEFAULT_URL, DemoArgs, signal_status};
+use crate::connect::{Global, connect};
 use crate::exit::{self, Failure};
-use crate::manage::human;
+use crate::output::human;
 use crate::signals::Signals;
-use crate::{Global, connect};
 
 /// Prints a line, ignoring a closed stdout (`redlease demo | head`): the demo must still
 /// stop its workers and its server.

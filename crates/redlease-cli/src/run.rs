@@ -18,10 +18,11 @@ use tokio::process::Command;
 use tokio::time::{Instant, sleep_until};
 
 use crate::cli::{ChildArgs, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
+use crate::connect::{Global, connect, connect_redlock, lease_options};
 use crate::exit::{self, Failure};
-use crate::manage::{Taker, human};
+use crate::output::{human, note};
 use crate::signals::Signals;
-use crate::{Global, connect, connect_redlock, lease_options};
+use crate::wait::Taker;
 
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
@@ -78,7 +79,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
                 .take(|| m.try_lock(), |t| m.lock_timeout(t), || m.lock())
                 .await?;
             if let Some(acked) = guard.replicas_acked() {
-                tracing_note(&format!("lock {name:?} acknowledged by {acked} replica(s)"));
+                note(format_args!("lock {name:?} acknowledged by {acked} replica(s)"));
             }
             Box::new(guard)
         }
@@ -144,11 +145,6 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
     supervise(c, guard, Vec::new(), &mut signals).await
 }
 
-/// A line on stderr for the operator.
-fn tracing_note(text: &str) {
-    eprintln!("redlease: {text}");
-}
-
 /// Runs CMD while `guard` holds the lock, whatever its kind: passes signals on, reacts
 /// to a lost lease, releases when CMD has exited, and turns the outcome into redlease's
 /// exit status. CMD's environment has the lock's name, key and fencing token (when the
@@ -197,16 +193,16 @@ async fn supervise(
             status = child.wait() => break status.map_err(|e| Failure::caused(exit::FAILED, e))?,
             reason = &mut lost, if lost_reason.is_none() => {
                 lost_reason = Some(reason);
-                eprintln!(
-                    "redlease: lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
+                note(format_args!(
+                    "lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
                     args.lost_signal,
                     human(args.grace),
-                );
+                ));
                 send(&child, args.lost_signal);
                 kill_at = Some(Instant::now() + args.grace);
             }
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                eprintln!("redlease: CMD did not exit within --grace {}; sending SIGKILL", human(args.grace));
+                note(format_args!("CMD did not exit within --grace {}; sending SIGKILL", human(args.grace)));
                 let _ = child.start_kill();
                 kill_at = None;
             }
@@ -232,10 +228,10 @@ async fn supervise(
         Err(e) => {
             // CMD ran under the lock; only giving it back failed. It frees itself
             // after --ttl, so CMD's status is still the honest answer.
-            eprintln!(
-                "redlease: warning: could not release lock {name:?} ({e}); it frees itself within {}",
+            note(format_args!(
+                "warning: could not release lock {name:?} ({e}); it frees itself within {}",
                 human(args.ttl)
-            );
+            ));
             Ok(ExitCode::from(cmd_status))
         }
     }
