@@ -200,9 +200,10 @@ pub fn lease_options(global: &Global, ttl: Duration) -> redlease::LeaseOptions {
 /// waiting), and the clients' own shutdown. Every client must have been dropped;
 /// bounded, so a dead server cannot hold redlease up.
 pub async fn finish_background_work(response_timeout: Duration) {
-    let deadline = tokio::time::Instant::now() + response_timeout + Duration::from_secs(1);
+    let bound = response_timeout.saturating_add(Duration::from_secs(1));
+    let deadline = crate::wait::after(tokio::time::Instant::now(), bound);
     let metrics = tokio::runtime::Handle::current().metrics();
-    while metrics.num_alive_tasks() > 0 && tokio::time::Instant::now() < deadline {
+    while metrics.num_alive_tasks() > 0 && deadline.is_none_or(|d| tokio::time::Instant::now() < d) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }

@@ -30,7 +30,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
         .take(|| mutex.try_lock(), |t| mutex.lock_timeout(t), || mutex.lock())
         .await?;
     let fence = guard.fence().get();
-    let ttl_ms = args.ttl.as_millis() as u64;
+    let ttl_ms = millis(args.ttl);
     let token = guard.forget();
     let text = if args.json {
         json!({

@@ -44,9 +44,9 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// Whole milliseconds, for JSON.
+/// Whole milliseconds, for JSON (saturating).
 pub fn millis(d: Duration) -> u64 {
-    d.as_millis() as u64
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds since the Unix epoch, for JSON; `None` before it.

@@ -15,14 +15,14 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, getpgid, getpgrp};
 use redlease::{Guard, LeaseOptions, LegacyOptions, LostReason, TimestampUnit};
 use tokio::process::Command;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
 use crate::cli::{ChildArgs, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
 use crate::connect::{Global, connect, connect_redlock, lease_options};
 use crate::exit::{self, Failure};
 use crate::output::{human, note};
 use crate::signals::Signals;
-use crate::wait::Taker;
+use crate::wait::{Taker, after, until};
 
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
@@ -199,9 +199,9 @@ async fn supervise(
                     human(args.grace),
                 ));
                 send(&child, args.lost_signal);
-                kill_at = Some(Instant::now() + args.grace);
+                kill_at = after(Instant::now(), args.grace);
             }
-            () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
+            () = until(kill_at), if kill_at.is_some() => {
                 note(format_args!("CMD did not exit within --grace {}; sending SIGKILL", human(args.grace)));
                 let _ = child.start_kill();
                 kill_at = None;

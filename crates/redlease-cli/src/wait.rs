@@ -1,8 +1,12 @@
 //! Taking a lock as `--wait` / `--no-wait` say, whatever its kind, with a signal to
-//! redlease cancelling the wait, and the messages of a lock not acquired.
+//! redlease cancelling the wait, and the messages of a lock not acquired. Also the
+//! deadlines of user-given durations: instants are only ever computed with checked
+//! arithmetic, and one that cannot be represented is never reached.
 
 use std::future::Future;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::cli::{How, WaitArgs, signal_status};
 use crate::connect::Global;
@@ -86,5 +90,18 @@ fn not_acquired(err: redlease::Error, name: &str, wait: &WaitArgs, global: &Glob
         )
         .hint("wait longer with --wait DUR, or leave --wait out to wait as long as it takes"),
         _ => Failure::from_lock(err, &global.shown_url),
+    }
+}
+
+/// `d` after `t`; `None` (never) when that instant cannot be represented.
+pub fn after(t: Instant, d: Duration) -> Option<Instant> {
+    t.checked_add(d)
+}
+
+/// Sleeps until `deadline`; forever when there is none.
+pub async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
