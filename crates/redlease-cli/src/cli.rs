@@ -201,8 +201,8 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, Args)]
 pub struct WaitArgs {
     /// Give up (exit status 75) if the lock is not acquired within DUR [default: wait as
-    /// long as it takes]. A DUR too long to represent (such as 1000000000000years) waits
-    /// without limit, as if --wait were left out
+    /// long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent
+    /// (such as 1000000000000years) waits without limit, as if --wait were left out
     #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
@@ -579,11 +579,13 @@ pub enum How {
 }
 
 impl WaitArgs {
-    /// How to wait: a `--wait` whose deadline is too far ahead to be represented (with
-    /// some headroom) waits without limit.
+    /// How to wait: `--wait 0s` is one attempt, as `--no-wait` (a zero deadline would
+    /// cut off the attempt's request); a `--wait` whose deadline is too far ahead to be
+    /// represented (with some headroom) waits without limit.
     pub fn how(&self) -> How {
         match (self.no_wait, self.wait) {
             (true, _) => How::Now,
+            (false, Some(limit)) if limit.is_zero() => How::Now,
             (false, Some(limit)) if representable(limit) => How::Within(limit),
             (false, _) => How::Forever,
         }
@@ -591,10 +593,12 @@ impl WaitArgs {
 
     /// A description of the wait, for messages.
     pub fn describe(&self) -> String {
-        match self.how() {
-            How::Now => "at once (--no-wait)".into(),
-            How::Within(d) => format!("within {} (--wait)", humantime::format_duration(d)),
-            How::Forever => "while waiting".into(),
+        match (self.no_wait, self.wait) {
+            (true, _) => "at once (--no-wait)".into(),
+            (false, Some(d)) if representable(d) => {
+                format!("within {} (--wait)", humantime::format_duration(d))
+            }
+            (false, _) => "while waiting".into(),
         }
     }
 }
@@ -671,6 +675,7 @@ mod tests {
             .how()
         };
         assert_eq!(how("10s"), How::Within(Duration::from_secs(10)));
+        assert_eq!(how("0s"), How::Now, "one attempt, not a deadline already passed");
         assert_eq!(
             how("300years"),
             How::Within(Duration::from_secs(300 * 31_557_600))

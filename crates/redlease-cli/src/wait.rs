@@ -42,36 +42,41 @@ impl Taker<'_> {
         Within: Future<Output = redlease::Result<T>>,
         Forever: Future<Output = redlease::Result<T>>,
     {
+        let how = self.wait.how();
+        let started = Instant::now();
         let attempt = async {
-            match self.wait.how() {
+            match how {
                 How::Now => now().await,
                 How::Within(limit) => within(limit).await,
                 How::Forever => forever().await,
             }
         };
-        acquire_with(self.name, attempt, self.wait, self.signals, self.global).await
+        let name = self.name;
+        tokio::select! {
+            result = attempt => result.map_err(|e| {
+                // The library cuts off a request still in flight at the deadline, and
+                // says Redis did not answer in time: the lock was not acquired within
+                // --wait, as when it was held all along.
+                let ran_out = matches!(how, How::Within(limit) if started.elapsed() >= limit);
+                not_acquired(e, name, self.wait, ran_out, self.global)
+            }),
+            received = self.signals.recv() => Err(Failure::new(
+                signal_status(received.signal as i32),
+                format!("interrupted by {} while waiting for lock {name:?}; nothing was left behind", received.signal),
+            )),
+        }
     }
 }
 
-/// Runs an acquire `attempt` of lock `name`; a signal to redlease cancels it (every
-/// primitive's acquire leaves nothing behind when cancelled).
-async fn acquire_with<T>(
+/// The failure of an acquire of lock `name` that failed with `err`; `ran_out` when the
+/// `--wait` limit has passed.
+fn not_acquired(
+    err: redlease::Error,
     name: &str,
-    attempt: impl Future<Output = redlease::Result<T>>,
     wait: &WaitArgs,
-    signals: &mut Signals,
+    ran_out: bool,
     global: &Global,
-) -> Result<T, Failure> {
-    tokio::select! {
-        result = attempt => result.map_err(|e| not_acquired(e, name, wait, global)),
-        received = signals.recv() => Err(Failure::new(
-            signal_status(received.signal as i32),
-            format!("interrupted by {} while waiting for lock {name:?}; nothing was left behind", received.signal),
-        )),
-    }
-}
-
-fn not_acquired(err: redlease::Error, name: &str, wait: &WaitArgs, global: &Global) -> Failure {
+) -> Failure {
     match &err {
         redlease::Error::Contended { remaining, .. } => {
             let left = remaining.map_or(String::new(), |r| format!("; its lease ends in {}", human(r)));
@@ -82,13 +87,25 @@ fn not_acquired(err: redlease::Error, name: &str, wait: &WaitArgs, global: &Glob
                     wait.describe()
                 ),
             )
-            .hint("wait for it with --wait DUR, or leave out --no-wait to wait as long as it takes")
+            .hint(if wait.no_wait {
+                "wait for it with --wait DUR, or leave out --no-wait to wait as long as it takes"
+            } else {
+                "wait for it with a longer --wait DUR, or leave --wait out to wait as long as it takes"
+            })
         }
         redlease::Error::Timeout { .. } => Failure::new(
             exit::NOT_ACQUIRED,
             format!("lock {name:?} was not acquired {}", wait.describe()),
         )
         .hint("wait longer with --wait DUR, or leave --wait out to wait as long as it takes"),
+        e if ran_out && e.is_unavailable() => Failure::new(
+            exit::NOT_ACQUIRED,
+            format!("lock {name:?} was not acquired {}: {e}", wait.describe()),
+        )
+        .hint(format!(
+            "Redis ({}) did not answer before --wait ran out; wait longer with --wait DUR, or check the server",
+            global.shown_url
+        )),
         _ => Failure::from_lock(err, &global.shown_url),
     }
 }

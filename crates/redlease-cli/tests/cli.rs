@@ -254,6 +254,44 @@ fn a_wait_too_long_to_represent_waits_without_limit() {
     assert!(!conn(&server).exists::<_, bool>("redlease:busy").unwrap());
 }
 
+/// A short --wait is about the lock, never a Redis failure: `--wait 0s` is one attempt
+/// (like --no-wait), and a --wait that runs out while Redis has not answered yet exits
+/// 75 (not acquired within --wait), not 69.
+#[test]
+fn short_waits_exit_0_or_75_never_69() {
+    let server = server();
+    for i in 0..5 {
+        let out = output(at(
+            &server,
+            &["run", &format!("free{i}"), "--wait", "0s", "--", "true"],
+        ));
+        assert_eq!(out.code, 0, "a free lock is taken with --wait 0s: {out:?}");
+    }
+    let held = output(at(&server, &["acquire", "held", "--ttl", "1m"]));
+    assert_eq!(held.code, 0, "{held:?}");
+    let out = output(at(&server, &["run", "held", "--wait", "0s", "--", "true"]));
+    assert_eq!(out.code, 75, "{out:?}");
+    assert!(out.stderr.contains("--wait"), "{out:?}");
+
+    // Writes (the acquire script) wait while clients are paused: --wait runs out first.
+    let pause = Duration::from_secs(2);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis() as u64)
+        .arg("WRITE")
+        .query(&mut conn(&server))
+        .unwrap();
+    let paused = Instant::now();
+    let out = output(at(&server, &["run", "slow", "--wait", "200ms", "--", "true"]));
+    if out.code == 0 {
+        // Only if redlease was so slow to start that the pause was over.
+        assert!(paused.elapsed() >= pause, "{out:?}");
+    } else {
+        assert_eq!(out.code, 75, "{out:?}");
+        assert!(out.stderr.contains("within 200ms (--wait)"), "{out:?}");
+    }
+}
+
 #[test]
 fn unreachable_redis_exits_69_and_hides_the_password() {
     let port = free_port();
