@@ -160,8 +160,9 @@ pub enum Command {
     /// Exit status 1, changing nothing, when the token does not hold the lock.
     Release(ReleaseArgs),
 
-    /// Set the remaining lease of a lock taken with `acquire` to --ttl
+    /// Make the lease of a lock taken with `acquire` last at least --ttl from now
     ///
+    /// The lease is never shortened: with more than --ttl left, it is left as it is.
     /// Exit status 1, changing nothing, when the token does not hold the lock.
     Extend(ExtendArgs),
 
@@ -400,7 +401,8 @@ pub struct ExtendArgs {
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
     pub token: redlease::Token,
 
-    /// The new remaining lease, from now
+    /// The lease lasts at least this long from now (10ms to 30 days); it is never
+    /// shortened
     #[arg(long, value_name = "DUR", value_parser = ttl)]
     pub ttl: Duration,
 }

@@ -493,6 +493,36 @@ fn acquire_extend_release_and_status_round_trip() {
     assert_eq!(status["last_fence"], fence);
 }
 
+/// `extend` makes the lease last at least --ttl from now and never shortens it, as its
+/// --help says.
+#[test]
+fn extend_never_shortens_the_lease_and_says_so() {
+    let help = output({
+        let mut c = redlease();
+        c.args(["extend", "--help"]);
+        c
+    });
+    assert_eq!(help.code, 0, "{help:?}");
+    assert!(help.stdout.contains("at least --ttl from now"), "{help:?}");
+    assert!(help.stdout.contains("never shortened"), "{help:?}");
+
+    let server = server();
+    let mut redis = conn(&server);
+    let acquired = json(&output(at(
+        &server,
+        &["acquire", "job", "--ttl", "10m", "--json"],
+    )));
+    let token = acquired["token"].as_str().unwrap();
+    let out = output(at(&server, &["extend", "job", "--token", token, "--ttl", "1s"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    let pttl: i64 = redis.pttl("redlease:job").unwrap();
+    assert!(pttl > 500_000, "a 1s extend left the 10m lease alone: {pttl}");
+    let out = output(at(&server, &["extend", "job", "--token", token, "--ttl", "1h"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    let pttl: i64 = redis.pttl("redlease:job").unwrap();
+    assert!(pttl > 3_000_000, "a 1h extend lengthened it: {pttl}");
+}
+
 #[test]
 fn acquire_prints_eval_ready_lines_and_honours_an_empty_prefix() {
     let server = server();
