@@ -158,7 +158,11 @@ async fn supervise(
     // The guard is consumed by its release, and the name is needed after.
     let name = guard.name().to_owned();
     let name = name.as_str();
-    let (program, rest) = args.command.split_first().expect("clap requires CMD");
+    let Some((program, rest)) = args.command.split_first() else {
+        // clap requires CMD; this is only for safety.
+        let _ = guard.release().await;
+        return Err(Failure::new(exit::USAGE, "no CMD after `--`"));
+    };
     let spawned = Command::new(program)
         .args(rest)
         .env("REDLEASE_NAME", name)
