@@ -26,7 +26,8 @@ pub struct Taker<'a> {
 
 impl Taker<'_> {
     /// Takes the lock, whatever its kind, as `--wait`/`--no-wait` say: `now` with
-    /// `--no-wait`, `within` the limit of `--wait`, `forever` without either.
+    /// `--no-wait` (or `--wait 0s`), `within` the limit of `--wait`, `forever` without
+    /// either (or with a `--wait` too long to represent).
     ///
     /// Fails with status 128+N when signal N interrupted the wait: the attempt's token
     /// is then compare-and-deleted in the background (see `finish_background_work`), so
