@@ -470,18 +470,18 @@ fn bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
 }
 
 /// Whether `s`, which humantime refused as too large or too precise, is too large: it
-/// still is without its fractions (`0.5ns` is too precise; `1e30years` is not a
-/// duration at all).
+/// still is without its fractions (`0.5ns` is only too precise).
 fn too_long(s: &str) -> bool {
     let mut whole = String::with_capacity(s.len());
     let mut in_fraction = false;
     for c in s.trim().chars() {
-        if c == '.' {
-            in_fraction = true;
-        } else if in_fraction && c.is_ascii_digit() {
-        } else {
-            in_fraction = false;
-            whole.push(c);
+        match c {
+            '.' => in_fraction = true,
+            '0'..='9' if in_fraction => {} // a digit of the fraction: dropped
+            _ => {
+                in_fraction = false;
+                whole.push(c);
+            }
         }
     }
     matches!(
