@@ -58,9 +58,9 @@ pub struct Cli {
     #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
     pub prefix: String,
 
-    /// How long to wait for each Redis reply (a request that times out is retried for
-    /// a few seconds before redlease gives up with status 69)
-    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = duration)]
+    /// How long to wait for each Redis reply, at most 30 days (a request that times out
+    /// is retried for a few seconds before redlease gives up with status 69)
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout)]
     pub response_timeout: Duration,
 
     #[command(flatten)]
@@ -136,8 +136,9 @@ pub struct TopologyArgs {
     #[arg(long, global = true, help_heading = "Topology and security", value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
     pub wait_replicas: Option<u32>,
 
-    /// How long --wait-replicas waits for the replicas
-    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = duration, requires = "wait_replicas")]
+    /// How long --wait-replicas waits for the replicas: at least 1ms, at most half the
+    /// --ttl and shorter than --response-timeout
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = replica_timeout, requires = "wait_replicas")]
     pub replica_timeout: Duration,
 }
 
@@ -159,8 +160,9 @@ pub enum Command {
     /// Exit status 1, changing nothing, when the token does not hold the lock.
     Release(ReleaseArgs),
 
-    /// Set the remaining lease of a lock taken with `acquire` to --ttl
+    /// Make the lease of a lock taken with `acquire` last at least --ttl from now
     ///
+    /// The lease is never shortened: with more than --ttl left, it is left as it is.
     /// Exit status 1, changing nothing, when the token does not hold the lock.
     Extend(ExtendArgs),
 
@@ -200,8 +202,9 @@ pub enum Command {
 #[derive(Debug, Clone, Copy, Args)]
 pub struct WaitArgs {
     /// Give up (exit status 75) if the lock is not acquired within DUR [default: wait as
-    /// long as it takes]
-    #[arg(long, value_name = "DUR", value_parser = duration, conflicts_with = "no_wait")]
+    /// long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent
+    /// (such as 1000000000000years) waits without limit, as if --wait were left out
+    #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait")]
     pub wait: Option<Duration>,
 
     /// Give up at once (exit status 75) if the lock is held
@@ -212,8 +215,8 @@ pub struct WaitArgs {
 /// What every `run` shares: the lease, the wait, and CMD's supervision.
 #[derive(Debug, Args)]
 pub struct ChildArgs {
-    /// Lease length: renewed every third of it while CMD runs; if redlease dies, the lock
-    /// frees itself this long after the last renewal
+    /// Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if
+    /// redlease dies, the lock frees itself this long after the last renewal
     #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl)]
     pub ttl: Duration,
 
@@ -224,8 +227,9 @@ pub struct ChildArgs {
     #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = signal)]
     pub lost_signal: Signal,
 
-    /// How long CMD may take to exit after --lost-signal before it gets SIGKILL
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = duration)]
+    /// How long CMD may take to exit after --lost-signal before it gets SIGKILL (at most
+    /// 30 days)
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = grace)]
     pub grace: Duration,
 
     /// The command to run, and its arguments (after `--`)
@@ -363,7 +367,8 @@ pub struct AcquireArgs {
     #[arg(value_parser = name)]
     pub name: String,
 
-    /// Lease length: the lock frees itself this long after it was taken (or extended)
+    /// Lease length, 10ms to 30 days: the lock frees itself this long after it was
+    /// taken (or extended)
     #[arg(long, value_name = "DUR", value_parser = ttl)]
     pub ttl: Duration,
 
@@ -396,7 +401,8 @@ pub struct ExtendArgs {
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
     pub token: redlease::Token,
 
-    /// The new remaining lease, from now
+    /// The lease lasts at least this long from now (10ms to 30 days); it is never
+    /// shortened
     #[arg(long, value_name = "DUR", value_parser = ttl)]
     pub ttl: Duration,
 }
@@ -425,30 +431,107 @@ pub struct DemoArgs {
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub workers: u16,
 
-    /// How long the workers run
-    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = duration)]
+    /// How long the workers run (at most 30 days)
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = demo_duration)]
     pub duration: Duration,
 }
 
-/// A human duration: `500ms`, `30s`, `2m`, `1h 30m`.
-fn duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 2m or 1h30m)"))
+/// The longest `--grace`, `--duration` and `--response-timeout`: the longest lease.
+pub const LONGEST: Duration = redlease::MAX_TTL;
+
+/// The shortest `--replica-timeout` (Redis's `WAIT 0` would block forever).
+pub const SHORTEST_REPLICA_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// How far beyond a `--wait` deadline instants must still be representable: timers
+/// round deadlines up (tokio by up to a millisecond).
+const DEADLINE_HEADROOM: Duration = Duration::from_secs(24 * 3600);
+
+/// Why `s` is not a human duration (`500ms`, `30s`, `2m`, `1h 30m`).
+fn explain(e: &humantime::DurationError) -> String {
+    format!("{e} (write durations like 500ms, 30s, 2m or 1h30m)")
 }
 
-/// A lease length the library accepts.
+/// A duration between `min` and `max`; anything else is refused with the range.
+fn bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let range = format!("the allowed range is {} to {}", show(min), show(max));
+    let d = match humantime::parse_duration(s.trim()) {
+        Err(humantime::DurationError::NumberOverflow) if too_long(s) => {
+            return Err(format!("too long to represent; {range}"));
+        }
+        parsed => parsed.map_err(|e| explain(&e))?,
+    };
+    if d < min {
+        return Err(format!("must be at least {}; {range}", show(min)));
+    }
+    if d > max {
+        return Err(format!("must be at most {}; {range}", show(max)));
+    }
+    Ok(d)
+}
+
+/// Whether `s`, which humantime refused as too large or too precise, is too large: it
+/// still is without its fractions (`0.5ns` is only too precise).
+fn too_long(s: &str) -> bool {
+    let mut whole = String::with_capacity(s.len());
+    let mut in_fraction = false;
+    for c in s.trim().chars() {
+        match c {
+            '.' => in_fraction = true,
+            '0'..='9' if in_fraction => {} // a digit of the fraction: dropped
+            _ => {
+                in_fraction = false;
+                whole.push(c);
+            }
+        }
+    }
+    matches!(
+        humantime::parse_duration(&whole),
+        Err(humantime::DurationError::NumberOverflow)
+    )
+}
+
+/// A bound for messages: `0s`, `10ms`, `30 days`.
+fn show(d: Duration) -> String {
+    const DAY: u64 = 24 * 3600;
+    if d.subsec_nanos() == 0 && d.as_secs() >= DAY && d.as_secs() % DAY == 0 {
+        format!("{} days", d.as_secs() / DAY)
+    } else if d.is_zero() {
+        "0s".into()
+    } else {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+/// `--ttl`: a lease length the library accepts.
 fn ttl(s: &str) -> Result<Duration, String> {
-    let ttl = duration(s)?;
-    if ttl < redlease::MIN_TTL {
-        return Err(format!(
-            "a lease must last at least {}",
-            humantime::format_duration(redlease::MIN_TTL)
-        ));
+    bounded(s, redlease::MIN_TTL, redlease::MAX_TTL)
+}
+
+/// `--wait`: a human duration; one too long to represent is `Duration::MAX`, which
+/// waits without limit (see [`WaitArgs::how`]).
+fn wait_limit(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s.trim()) {
+        Err(humantime::DurationError::NumberOverflow) if too_long(s) => Ok(Duration::MAX),
+        parsed => parsed.map_err(|e| explain(&e)),
     }
-    if ttl > redlease::MAX_TTL {
-        return Err("a lease may last at most 30 days".into());
-    }
-    Ok(ttl)
+}
+
+fn grace(s: &str) -> Result<Duration, String> {
+    bounded(s, Duration::ZERO, LONGEST)
+}
+
+fn demo_duration(s: &str) -> Result<Duration, String> {
+    bounded(s, Duration::ZERO, LONGEST)
+}
+
+fn response_timeout(s: &str) -> Result<Duration, String> {
+    bounded(s, Duration::ZERO, LONGEST)
+}
+
+/// `--replica-timeout`: at most half the longest lease (the library also checks it
+/// against the lease and the reply timeout in use).
+fn replica_timeout(s: &str) -> Result<Duration, String> {
+    bounded(s, SHORTEST_REPLICA_TIMEOUT, redlease::MAX_TTL / 2)
 }
 
 /// A lock name: not empty, not too long, no control characters. (Names whose key
@@ -498,11 +581,15 @@ pub enum How {
 }
 
 impl WaitArgs {
+    /// How to wait: `--wait 0s` is one attempt, as `--no-wait` (a zero deadline would
+    /// cut off the attempt's request); a `--wait` whose deadline is too far ahead to be
+    /// represented (with some headroom) waits without limit.
     pub fn how(&self) -> How {
         match (self.no_wait, self.wait) {
             (true, _) => How::Now,
-            (false, Some(limit)) => How::Within(limit),
-            (false, None) => How::Forever,
+            (false, Some(limit)) if limit.is_zero() => How::Now,
+            (false, Some(limit)) if representable(limit) => How::Within(limit),
+            (false, _) => How::Forever,
         }
     }
 
@@ -510,10 +597,20 @@ impl WaitArgs {
     pub fn describe(&self) -> String {
         match (self.no_wait, self.wait) {
             (true, _) => "at once (--no-wait)".into(),
-            (false, Some(d)) => format!("within {} (--wait)", humantime::format_duration(d)),
-            (false, None) => "while waiting".into(),
+            (false, Some(d)) if representable(d) => {
+                format!("within {} (--wait)", humantime::format_duration(d))
+            }
+            (false, _) => "while waiting".into(),
         }
     }
+}
+
+/// Whether a deadline `d` from now, and a day beyond it, are representable instants.
+fn representable(d: Duration) -> bool {
+    std::time::Instant::now()
+        .checked_add(d)
+        .and_then(|t| t.checked_add(DEADLINE_HEADROOM))
+        .is_some()
 }
 
 /// The exit status documented for a signal death: 128 + N.
@@ -535,15 +632,71 @@ mod tests {
 
     #[test]
     fn durations_are_human() {
-        assert_eq!(duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(duration("1h 30m").unwrap(), Duration::from_secs(5400));
-        assert!(duration("30").unwrap_err().contains("30s"));
-        assert!(duration("soon").is_err());
+        assert_eq!(grace("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(grace("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(grace("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(grace("1h 30m").unwrap(), Duration::from_secs(5400));
+        assert!(grace("30").unwrap_err().contains("30s"));
+        assert!(grace("soon").is_err());
         assert!(ttl("5ms").unwrap_err().contains("10ms"));
         assert!(ttl("31days").unwrap_err().contains("30 days"));
         assert_eq!(ttl("10ms").unwrap(), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_with_the_range() {
+        for huge in [
+            "300000000000years",
+            "584942417355years",
+            "99999999999999999999999s",
+        ] {
+            for parse in [ttl, grace, demo_duration, response_timeout] {
+                let e = parse(huge).unwrap_err();
+                assert!(e.contains("to 30 days"), "{huge}: {e}");
+            }
+            assert!(replica_timeout(huge).unwrap_err().contains("1ms to 15 days"));
+        }
+        assert!(replica_timeout("0s").unwrap_err().contains("at least 1ms"));
+        assert!(grace("31days").unwrap_err().contains("at most 30 days"));
+        assert_eq!(grace("0s").unwrap(), Duration::ZERO);
+        assert_eq!(response_timeout("30days").unwrap(), LONGEST);
+        assert!(
+            grace("0.5ns").unwrap_err().contains("500ms"),
+            "too precise, not too long"
+        );
+        assert!(grace("soon").unwrap_err().contains("30s"));
+    }
+
+    #[test]
+    fn a_wait_too_long_to_represent_waits_without_limit() {
+        let how = |limit: &str| {
+            WaitArgs {
+                wait: Some(wait_limit(limit).unwrap()),
+                no_wait: false,
+            }
+            .how()
+        };
+        assert_eq!(how("10s"), How::Within(Duration::from_secs(10)));
+        assert_eq!(how("0s"), How::Now, "one attempt, not a deadline already passed");
+        assert_eq!(
+            how("300years"),
+            How::Within(Duration::from_secs(300 * 31_557_600))
+        );
+        for huge in [
+            "300000000000years",
+            "584942417355years",
+            "99999999999999999999999s",
+        ] {
+            assert_eq!(how(huge), How::Forever, "{huge}");
+        }
+        assert_eq!(wait_limit("584942417355.5years").unwrap(), Duration::MAX);
+        assert!(wait_limit("0.5ns").is_err(), "too precise is not too long");
+        assert!(wait_limit("soon").is_err());
+        let forever = WaitArgs {
+            wait: Some(Duration::MAX),
+            no_wait: false,
+        };
+        assert_eq!(forever.describe(), "while waiting");
     }
 
     #[test]

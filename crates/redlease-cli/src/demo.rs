@@ -19,10 +19,11 @@ use redlease_testkit::RedisServer;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::cli::{DEFAULT_URL, DemoArgs, signal_status};
+use crate::connect::{Global, connect};
 use crate::exit::{self, Failure};
-use crate::manage::human;
+use crate::output::human;
 use crate::signals::Signals;
-use crate::{Global, connect};
+use crate::wait::{after, until};
 
 /// Prints a line, ignoring a closed stdout (`redlease demo | head`): the demo must still
 /// stop its workers and its server.
@@ -130,7 +131,8 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
 
     // Live progress until the time is up, a worker fails, or a signal arrives.
     let started = Instant::now();
-    let end = started + args.duration;
+    // Never ends (until a signal) if the end cannot be represented.
+    let end = after(started, args.duration);
     let tty = std::io::stdout().is_terminal();
     let tick = if tty {
         Duration::from_millis(250)
@@ -142,7 +144,7 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
     let mut interrupted = None;
     while !shared.stop.load(Ordering::SeqCst) {
         tokio::select! {
-            () = sleep_until(end) => break,
+            () = until(end) => break,
             () = sleep_until(next_tick) => {
                 next_tick += tick;
                 let now = Instant::now();

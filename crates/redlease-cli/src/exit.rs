@@ -77,6 +77,14 @@ impl Failure {
             ),
             E::InvalidTtl { .. } => (USAGE, "pass another --ttl".to_owned()),
             E::InvalidName { .. } => (USAGE, "choose another NAME (or --prefix)".to_owned()),
+            E::InvalidArgument {
+                what: "replica timeout",
+                ..
+            } => (
+                USAGE,
+                "pass a --replica-timeout of at least 1ms, at most half the --ttl and shorter than --response-timeout"
+                    .to_owned(),
+            ),
             e if e.is_invalid_input() => (USAGE, "check the arguments (see --help)".to_owned()),
             E::WrongType { .. } => (
                 UNAVAILABLE,

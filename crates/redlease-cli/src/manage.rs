@@ -1,82 +1,17 @@
 //! `acquire`, `release`, `extend` and `status`: managing a lock by hand, across
 //! processes, with the token as the proof of ownership.
 
-use std::future::Future;
-use std::io::Write;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use redlease::{Mutex, MutexGuard};
 use serde_json::json;
 
-use crate::cli::{
-    AcquireArgs, ExtendArgs, How, ReleaseArgs, RwlockStatusArgs, SemaphoreStatusArgs, StatusArgs, WaitArgs,
-    signal_status,
-};
+use crate::cli::{AcquireArgs, ExtendArgs, ReleaseArgs, RwlockStatusArgs, SemaphoreStatusArgs, StatusArgs};
+use crate::connect::{Global, connect, lease_options};
 use crate::exit::{self, Failure};
+use crate::output::{emit, human, millis, unix_ms};
 use crate::signals::Signals;
-use crate::{Global, connect, lease_options};
-
-/// Takes the lock as `wait` says; a signal to redlease cancels the wait.
-///
-/// Returns `Err(status)` when a signal interrupted the wait: the attempt's token is then
-/// compare-and-deleted in the background (see `finish_background_work`), so nothing is
-/// left behind.
-pub async fn acquire_lock(
-    mutex: &Mutex,
-    wait: &WaitArgs,
-    signals: &mut Signals,
-    global: &Global,
-) -> Result<MutexGuard, Failure> {
-    let attempt = async {
-        match wait.how() {
-            How::Now => mutex.try_lock().await,
-            How::Within(limit) => mutex.lock_timeout(limit).await,
-            How::Forever => mutex.lock().await,
-        }
-    };
-    acquire_with(mutex.name(), attempt, wait, signals, global).await
-}
-
-/// Runs an acquire `attempt` of lock `name`; a signal to redlease cancels it (every
-/// primitive's acquire leaves nothing behind when cancelled).
-pub async fn acquire_with<T>(
-    name: &str,
-    attempt: impl Future<Output = redlease::Result<T>>,
-    wait: &WaitArgs,
-    signals: &mut Signals,
-    global: &Global,
-) -> Result<T, Failure> {
-    tokio::select! {
-        result = attempt => result.map_err(|e| not_acquired(e, name, wait, global)),
-        received = signals.recv() => Err(Failure::new(
-            signal_status(received.signal as i32),
-            format!("interrupted by {} while waiting for lock {name:?}; nothing was left behind", received.signal),
-        )),
-    }
-}
-
-fn not_acquired(err: redlease::Error, name: &str, wait: &WaitArgs, global: &Global) -> Failure {
-    match &err {
-        redlease::Error::Contended { remaining, .. } => {
-            let left = remaining.map_or(String::new(), |r| format!("; its lease ends in {}", human(r)));
-            Failure::new(
-                exit::NOT_ACQUIRED,
-                format!(
-                    "lock {name:?} is held by another owner{left}; not acquired {}",
-                    wait.describe()
-                ),
-            )
-            .hint("wait for it with --wait DUR, or leave out --no-wait to wait as long as it takes")
-        }
-        redlease::Error::Timeout { .. } => Failure::new(
-            exit::NOT_ACQUIRED,
-            format!("lock {name:?} was not acquired {}", wait.describe()),
-        )
-        .hint("wait longer with --wait DUR, or leave --wait out to wait as long as it takes"),
-        _ => Failure::from_lock(err, &global.shown_url),
-    }
-}
+use crate::wait::Taker;
 
 pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Failure> {
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
@@ -85,9 +20,17 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
     let mutex = client
         .mutex_with(&args.name, lease_options(global, args.ttl).auto_renew(false))
         .map_err(lock_err)?;
-    let guard = acquire_lock(&mutex, &args.wait, &mut signals, global).await?;
+    let taker = Taker {
+        name: &args.name,
+        wait: &args.wait,
+        signals: &mut signals,
+        global,
+    };
+    let guard = taker
+        .take(|| mutex.try_lock(), |t| mutex.lock_timeout(t), || mutex.lock())
+        .await?;
     let fence = guard.fence().get();
-    let ttl_ms = args.ttl.as_millis() as u64;
+    let ttl_ms = millis(args.ttl);
     let token = guard.forget();
     let text = if args.json {
         json!({
@@ -219,14 +162,6 @@ struct Common {
     waiters: u64,
 }
 
-fn millis(d: Duration) -> u64 {
-    d.as_millis() as u64
-}
-
-fn unix_ms(t: SystemTime) -> Option<u64> {
-    t.duration_since(UNIX_EPOCH).ok().map(millis)
-}
-
 /// The `held:`, `owner:`, `lease:`, `fence:` and `since:` lines of a status.
 fn holder_lines(
     lines: &mut Vec<String>,
@@ -336,22 +271,4 @@ pub async fn semaphore_status(global: &Global, args: SemaphoreStatusArgs) -> Res
     };
     emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Writes `text` to stdout, reporting a closed pipe instead of panicking.
-fn emit(text: &str) -> std::io::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()
-}
-
-/// A duration for people: `1.5s`, `250ms`, `2m 30s`.
-pub fn human(d: Duration) -> String {
-    if d < Duration::from_secs(1) {
-        format!("{}ms", d.as_millis())
-    } else if d < Duration::from_secs(60) {
-        format!("{:.1}s", d.as_secs_f64())
-    } else {
-        humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
-    }
 }

@@ -13,52 +13,16 @@ use std::process::{ExitCode, ExitStatus};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, getpgid, getpgrp};
-use redlease::{Lease, LeaseOptions, LegacyOptions, LostReason, TimestampUnit};
+use redlease::{Guard, LeaseOptions, LegacyOptions, LostReason, TimestampUnit};
 use tokio::process::Command;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 
-use crate::cli::{ChildArgs, How, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
+use crate::cli::{ChildArgs, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
+use crate::connect::{Global, connect, connect_redlock, lease_options};
 use crate::exit::{self, Failure};
-use crate::manage::{acquire_lock, acquire_with, human};
+use crate::output::{human, note};
 use crate::signals::Signals;
-use crate::{Global, connect, connect_redlock, lease_options};
-
-/// A held lock of any kind, as `supervise` needs it.
-enum Held {
-    Mutex(redlease::MutexGuard),
-    Fair(redlease::FairMutexGuard),
-    Legacy(redlease::LegacyGuard),
-    Redlock(redlease::RedlockGuard),
-    Permit(redlease::Permit),
-    Read(redlease::RwLockReadGuard),
-    Write(redlease::RwLockWriteGuard),
-}
-
-impl Held {
-    fn lease(&self) -> &Lease {
-        match self {
-            Held::Mutex(g) => g.lease(),
-            Held::Fair(g) => g.lease(),
-            Held::Legacy(g) => g.lease(),
-            Held::Redlock(g) => g.lease(),
-            Held::Permit(g) => g.lease(),
-            Held::Read(g) => g.lease(),
-            Held::Write(g) => g.lease(),
-        }
-    }
-
-    async fn release(self) -> redlease::Result<()> {
-        match self {
-            Held::Mutex(g) => g.release().await,
-            Held::Fair(g) => g.release().await,
-            Held::Legacy(g) => g.release().await,
-            Held::Redlock(g) => g.release().await,
-            Held::Permit(g) => g.release().await,
-            Held::Read(g) => g.release().await,
-            Held::Write(g) => g.release().await,
-        }
-    }
-}
+use crate::wait::{Taker, after, until};
 
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
@@ -66,75 +30,61 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     // Catch signals before anything is taken, so none can kill redlease mid-way.
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let c = &args.child;
-    let wait = &c.wait;
-    let name = args.name.as_str();
-    if global.topology.redlock {
+    let (c, name) = (&args.child, args.name.as_str());
+    let taker = Taker {
+        name,
+        wait: &c.wait,
+        signals: &mut signals,
+        global,
+    };
+    let guard: Box<dyn Guard> = if global.topology.redlock {
         let redlock = connect_redlock(global).await?;
-        let mutex = redlock
+        let m = redlock
             .mutex_with(name, LeaseOptions::new().ttl(c.ttl))
             .map_err(lock_err)?;
-        let attempt = async {
-            match wait.how() {
-                How::Now => mutex.try_lock().await,
-                How::Within(limit) => mutex.lock_timeout(limit).await,
-                How::Forever => mutex.lock().await,
+        Box::new(
+            taker
+                .take(|| m.try_lock(), |t| m.lock_timeout(t), || m.lock())
+                .await?,
+        )
+    } else {
+        let client = connect(global).await?;
+        if args.legacy {
+            let unit = match args.legacy_unit {
+                LegacyUnit::S => TimestampUnit::Seconds,
+                LegacyUnit::Ms => TimestampUnit::Milliseconds,
+            };
+            let l = client
+                .legacy_lock(name, LegacyOptions::new().timeout(c.ttl).unit(unit))
+                .map_err(lock_err)?;
+            Box::new(
+                taker
+                    .take(|| l.try_lock(), |t| l.lock_timeout(t), || l.lock())
+                    .await?,
+            )
+        } else if args.fair {
+            let m = client
+                .fair_mutex_with(name, LeaseOptions::new().ttl(c.ttl))
+                .map_err(lock_err)?;
+            Box::new(
+                taker
+                    .take(|| m.try_lock(), |t| m.lock_timeout(t), || m.lock())
+                    .await?,
+            )
+        } else {
+            let m = client
+                .mutex_with(name, lease_options(global, c.ttl))
+                .map_err(lock_err)?;
+            let guard = taker
+                .take(|| m.try_lock(), |t| m.lock_timeout(t), || m.lock())
+                .await?;
+            if let Some(acked) = guard.replicas_acked() {
+                note(format_args!("lock {name:?} acknowledged by {acked} replica(s)"));
             }
-        };
-        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
-        let env = vec![("REDLEASE_KEY", mutex.key().to_owned())];
-        return supervise(name, c, Held::Redlock(guard), env, &mut signals).await;
-    }
-    let client = connect(global).await?;
-    if args.legacy {
-        let unit = match args.legacy_unit {
-            LegacyUnit::S => TimestampUnit::Seconds,
-            LegacyUnit::Ms => TimestampUnit::Milliseconds,
-        };
-        let lock = client
-            .legacy_lock(name, LegacyOptions::new().timeout(c.ttl).unit(unit))
-            .map_err(lock_err)?;
-        let attempt = async {
-            match wait.how() {
-                How::Now => lock.try_lock().await,
-                How::Within(limit) => lock.lock_timeout(limit).await,
-                How::Forever => lock.lock().await,
-            }
-        };
-        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
-        let env = vec![("REDLEASE_KEY", lock.key().to_owned())];
-        return supervise(name, c, Held::Legacy(guard), env, &mut signals).await;
-    }
-    if args.fair {
-        let mutex = client
-            .fair_mutex_with(name, LeaseOptions::new().ttl(c.ttl))
-            .map_err(lock_err)?;
-        let attempt = async {
-            match wait.how() {
-                How::Now => mutex.try_lock().await,
-                How::Within(limit) => mutex.lock_timeout(limit).await,
-                How::Forever => mutex.lock().await,
-            }
-        };
-        let guard = acquire_with(name, attempt, wait, &mut signals, global).await?;
-        let env = vec![
-            ("REDLEASE_KEY", mutex.key().to_owned()),
-            ("REDLEASE_FENCE", guard.fence().to_string()),
-        ];
-        return supervise(name, c, Held::Fair(guard), env, &mut signals).await;
-    }
-    let mutex = client
-        .mutex_with(name, lease_options(global, c.ttl))
-        .map_err(lock_err)?;
-    let guard = acquire_lock(&mutex, wait, &mut signals, global).await?;
-    if let Some(acked) = guard.replicas_acked() {
-        tracing_note(&format!("lock {name:?} acknowledged by {acked} replica(s)"));
-    }
-    let env = vec![
-        ("REDLEASE_KEY", mutex.key().to_owned()),
-        ("REDLEASE_FENCE", guard.fence().to_string()),
-    ];
-    supervise(name, c, Held::Mutex(guard), env, &mut signals).await
+            Box::new(guard)
+        }
+    };
+    supervise(c, guard, Vec::new(), &mut signals).await
 }
 
 /// `redlease semaphore run NAME --permits N [--count K] -- CMD`.
@@ -147,19 +97,21 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
         .semaphore_with(&args.name, args.permits, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let n = args.count;
-    let attempt = async {
-        match c.wait.how() {
-            How::Now => sem.try_acquire_many(n).await,
-            How::Within(limit) => sem.acquire_many_timeout(n, limit).await,
-            How::Forever => sem.acquire_many(n).await,
-        }
+    let taker = Taker {
+        name: &args.name,
+        wait: &c.wait,
+        signals: &mut signals,
+        global,
     };
-    let permit = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
-    let env = vec![
-        ("REDLEASE_KEY", sem.key().to_owned()),
-        ("REDLEASE_PERMITS", n.to_string()),
-    ];
-    supervise(&args.name, c, Held::Permit(permit), env, &mut signals).await
+    let permit = taker
+        .take(
+            || sem.try_acquire_many(n),
+            |t| sem.acquire_many_timeout(n, t),
+            || sem.acquire_many(n),
+        )
+        .await?;
+    let permits = vec![("REDLEASE_PERMITS", n.to_string())];
+    supervise(c, Box::new(permit), permits, &mut signals).await
 }
 
 /// `redlease rwlock run NAME --read|--write -- CMD`.
@@ -171,57 +123,60 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
     let lock = client
         .rwlock_with(&args.name, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
-    let key = ("REDLEASE_KEY", lock.key().to_owned());
-    if args.write {
-        let attempt = async {
-            match c.wait.how() {
-                How::Now => lock.try_write().await,
-                How::Within(limit) => lock.write_timeout(limit).await,
-                How::Forever => lock.write().await,
-            }
-        };
-        let guard = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
-        let env = vec![key, ("REDLEASE_FENCE", guard.fence().to_string())];
-        return supervise(&args.name, c, Held::Write(guard), env, &mut signals).await;
-    }
-    let attempt = async {
-        match c.wait.how() {
-            How::Now => lock.try_read().await,
-            How::Within(limit) => lock.read_timeout(limit).await,
-            How::Forever => lock.read().await,
-        }
+    let taker = Taker {
+        name: &args.name,
+        wait: &c.wait,
+        signals: &mut signals,
+        global,
     };
-    let guard = acquire_with(&args.name, attempt, &c.wait, &mut signals, global).await?;
-    supervise(&args.name, c, Held::Read(guard), vec![key], &mut signals).await
+    let guard: Box<dyn Guard> = if args.write {
+        Box::new(
+            taker
+                .take(|| lock.try_write(), |t| lock.write_timeout(t), || lock.write())
+                .await?,
+        )
+    } else {
+        Box::new(
+            taker
+                .take(|| lock.try_read(), |t| lock.read_timeout(t), || lock.read())
+                .await?,
+        )
+    };
+    supervise(c, guard, Vec::new(), &mut signals).await
 }
 
-/// A line on stderr for the operator.
-fn tracing_note(text: &str) {
-    eprintln!("redlease: {text}");
-}
-
-/// Runs CMD while `held` is held: passes signals on, reacts to a lost lease, releases
-/// when CMD has exited, and turns the outcome into redlease's exit status.
+/// Runs CMD while `guard` holds the lock, whatever its kind: passes signals on, reacts
+/// to a lost lease, releases when CMD has exited, and turns the outcome into redlease's
+/// exit status. CMD's environment has the lock's name, key and fencing token (when the
+/// kind has one), and `extra`.
 async fn supervise(
-    name: &str,
     args: &ChildArgs,
-    held: Held,
-    env: Vec<(&'static str, String)>,
+    guard: Box<dyn Guard>,
+    extra: Vec<(&'static str, String)>,
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
-    let (program, rest) = args.command.split_first().expect("clap requires CMD");
+    // The guard is consumed by its release, and the name is needed after.
+    let name = guard.name().to_owned();
+    let name = name.as_str();
+    let Some((program, rest)) = args.command.split_first() else {
+        // clap requires CMD; this is only for safety.
+        let _ = guard.release().await;
+        return Err(Failure::new(exit::USAGE, "no CMD after `--`"));
+    };
     let spawned = Command::new(program)
         .args(rest)
         .env("REDLEASE_NAME", name)
+        .env("REDLEASE_KEY", guard.key())
         // Kinds without a fencing token must not pass on one inherited from outside.
         .env_remove("REDLEASE_FENCE")
         .env_remove("REDLEASE_PERMITS")
-        .envs(env)
+        .envs(guard.fence().map(|fence| ("REDLEASE_FENCE", fence.to_string())))
+        .envs(extra)
         .spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let _ = held.release().await;
+            let _ = guard.release().await;
             let status = if e.kind() == ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -232,7 +187,7 @@ async fn supervise(
         }
     };
 
-    let lease = held.lease().clone();
+    let lease = guard.lease().clone();
     let lost = lease.lost();
     tokio::pin!(lost);
     let mut lost_reason: Option<LostReason> = None;
@@ -242,16 +197,16 @@ async fn supervise(
             status = child.wait() => break status.map_err(|e| Failure::caused(exit::FAILED, e))?,
             reason = &mut lost, if lost_reason.is_none() => {
                 lost_reason = Some(reason);
-                eprintln!(
-                    "redlease: lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
+                note(format_args!(
+                    "lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
                     args.lost_signal,
                     human(args.grace),
-                );
+                ));
                 send(&child, args.lost_signal);
-                kill_at = Some(Instant::now() + args.grace);
+                kill_at = after(Instant::now(), args.grace);
             }
-            () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
-                eprintln!("redlease: CMD did not exit within --grace {}; sending SIGKILL", human(args.grace));
+            () = until(kill_at), if kill_at.is_some() => {
+                note(format_args!("CMD did not exit within --grace {}; sending SIGKILL", human(args.grace)));
                 let _ = child.start_kill();
                 kill_at = None;
             }
@@ -268,19 +223,19 @@ async fn supervise(
 
     if let Some(reason) = lost_reason {
         // If Redis was merely unreachable the key may still be ours: give it back.
-        let _ = held.release().await;
+        let _ = guard.release().await;
         return Err(lease_lost(name, reason, status));
     }
-    match held.release().await {
+    match guard.release().await {
         Ok(()) => Ok(ExitCode::from(cmd_status)),
         Err(e) if e.is_not_held() => Err(lease_lost(name, LostReason::Gone, status)),
         Err(e) => {
             // CMD ran under the lock; only giving it back failed. It frees itself
             // after --ttl, so CMD's status is still the honest answer.
-            eprintln!(
-                "redlease: warning: could not release lock {name:?} ({e}); it frees itself within {}",
+            note(format_args!(
+                "warning: could not release lock {name:?} ({e}); it frees itself within {}",
                 human(args.ttl)
-            );
+            ));
             Ok(ExitCode::from(cmd_status))
         }
     }

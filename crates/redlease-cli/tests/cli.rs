@@ -78,6 +78,220 @@ fn usage_errors_exit_2_name_the_fix_and_leave_nothing() {
     assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing left behind");
 }
 
+/// A duration longer than an instant can hold (300000000000years) and one longer than a
+/// `Duration` can (584942417355years).
+const TOO_LONG: [&str; 2] = ["300000000000years", "584942417355years"];
+
+/// Absurd durations are usage errors that name the flag and its allowed range: none
+/// panics (status 101), runs CMD or leaves anything behind.
+#[test]
+fn absurd_durations_exit_2_naming_the_flag_and_its_range() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let m = marker.to_str().unwrap();
+    for long in TOO_LONG {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (
+                &["run", "x", "--ttl", long, "--", "touch", m],
+                "--ttl",
+                "10ms to 30 days",
+            ),
+            (
+                &["run", "x", "--grace", long, "--", "touch", m],
+                "--grace",
+                "0s to 30 days",
+            ),
+            (
+                &["run", "x", "--legacy", "--grace", long, "--", "touch", m],
+                "--grace",
+                "0s to 30 days",
+            ),
+            (
+                &[
+                    "semaphore",
+                    "run",
+                    "x",
+                    "--permits",
+                    "2",
+                    "--ttl",
+                    long,
+                    "--",
+                    "touch",
+                    m,
+                ],
+                "--ttl",
+                "10ms to 30 days",
+            ),
+            (
+                &["rwlock", "run", "x", "--write", "--grace", long, "--", "touch", m],
+                "--grace",
+                "0s to 30 days",
+            ),
+            (&["acquire", "x", "--ttl", long], "--ttl", "10ms to 30 days"),
+            (
+                &["extend", "x", "--token", "t", "--ttl", long],
+                "--ttl",
+                "10ms to 30 days",
+            ),
+            (&["demo", "--duration", long], "--duration", "0s to 30 days"),
+            (
+                &["--response-timeout", long, "status", "x"],
+                "--response-timeout",
+                "0s to 30 days",
+            ),
+            (
+                &["run", "x", "--response-timeout", long, "--", "touch", m],
+                "--response-timeout",
+                "0s to 30 days",
+            ),
+            (
+                &[
+                    "--wait-replicas",
+                    "1",
+                    "--replica-timeout",
+                    long,
+                    "run",
+                    "x",
+                    "--",
+                    "touch",
+                    m,
+                ],
+                "--replica-timeout",
+                "1ms to 15 days",
+            ),
+        ];
+        for (args, flag, range) in cases {
+            let out = output(at(&server, args));
+            assert_eq!(out.code, 2, "{args:?}: {out:?}");
+            assert!(out.stderr.contains(flag), "{args:?} should name {flag}: {out:?}");
+            assert!(
+                out.stderr.contains(range),
+                "{args:?} should give the range: {out:?}"
+            );
+            assert!(!out.stderr.contains("panicked"), "{out:?}");
+        }
+    }
+    // Within the flag's range but not the lock's: refused by the library, still status 2
+    // with the flag named.
+    for timeout in ["0s", "20s", "5s"] {
+        let args = [
+            "--wait-replicas",
+            "1",
+            "--replica-timeout",
+            timeout,
+            "run",
+            "x",
+            "--",
+            "touch",
+            m,
+        ];
+        let out = output(at(&server, &args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(out.stderr.contains("--replica-timeout"), "{args:?}: {out:?}");
+    }
+    assert!(!marker.exists(), "CMD must not run after a usage error");
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing left behind");
+}
+
+/// A --wait too long to represent waits without limit, as documented in --help: a free
+/// lock is taken at once, and a held one is waited for until it is released.
+#[test]
+fn a_wait_too_long_to_represent_waits_without_limit() {
+    let help = output({
+        let mut c = redlease();
+        c.args(["run", "--help"]);
+        c
+    });
+    assert!(help.stdout.contains("too long to represent"), "{help:?}");
+    assert!(help.stdout.contains("without limit"), "{help:?}");
+    let server = server();
+    let long_ones = [TOO_LONG[0], TOO_LONG[1], "99999999999999999999999s"];
+    for long in long_ones {
+        let out = output(at(&server, &["run", "free", "--wait", long, "--", "true"]));
+        assert_eq!(out.code, 0, "{long}: {out:?}");
+        let out = output(at(&server, &["acquire", "taken", "--ttl", "1m", "--wait", long]));
+        assert_eq!(out.code, 0, "{long}: {out:?}");
+        let token = out
+            .stdout
+            .lines()
+            .next()
+            .unwrap()
+            .strip_prefix("REDLEASE_TOKEN=")
+            .unwrap();
+        let out = output(at(&server, &["release", "taken", "--token", token]));
+        assert_eq!(out.code, 0, "{out:?}");
+    }
+
+    let held = json(&output(at(
+        &server,
+        &["acquire", "busy", "--ttl", "1m", "--json"],
+    )));
+    let started = Instant::now();
+    let waiters: Vec<Child> = long_ones
+        .iter()
+        .map(|long| {
+            at(&server, &["run", "busy", "--wait", long, "--", "echo", "ran"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    eventually(20, "every run is waiting", || {
+        json(&output(at(&server, &["status", "busy", "--json"])))["waiters"] == 3
+    });
+    let token = held["token"].as_str().unwrap();
+    assert_eq!(
+        output(at(&server, &["release", "busy", "--token", token])).code,
+        0
+    );
+    for waiter in waiters {
+        let out = finish(waiter, started);
+        assert_eq!(out.code, 0, "{out:?}");
+        assert_eq!(out.stdout, "ran\n", "{out:?}");
+    }
+    assert!(!conn(&server).exists::<_, bool>("redlease:busy").unwrap());
+}
+
+/// A short --wait is about the lock, never a Redis failure: `--wait 0s` is one attempt
+/// (like --no-wait), and a --wait that runs out while Redis has not answered yet exits
+/// 75 (not acquired within --wait), not 69.
+#[test]
+fn short_waits_exit_0_or_75_never_69() {
+    let server = server();
+    for i in 0..5 {
+        let out = output(at(
+            &server,
+            &["run", &format!("free{i}"), "--wait", "0s", "--", "true"],
+        ));
+        assert_eq!(out.code, 0, "a free lock is taken with --wait 0s: {out:?}");
+    }
+    let held = output(at(&server, &["acquire", "held", "--ttl", "1m"]));
+    assert_eq!(held.code, 0, "{held:?}");
+    let out = output(at(&server, &["run", "held", "--wait", "0s", "--", "true"]));
+    assert_eq!(out.code, 75, "{out:?}");
+    assert!(out.stderr.contains("--wait"), "{out:?}");
+
+    // Writes (the acquire script) wait while clients are paused: --wait runs out first.
+    let pause = Duration::from_secs(2);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis() as u64)
+        .arg("WRITE")
+        .query(&mut conn(&server))
+        .unwrap();
+    let paused = Instant::now();
+    let out = output(at(&server, &["run", "slow", "--wait", "200ms", "--", "true"]));
+    if out.code == 0 {
+        // Only if redlease was so slow to start that the pause was over.
+        assert!(paused.elapsed() >= pause, "{out:?}");
+    } else {
+        assert_eq!(out.code, 75, "{out:?}");
+        assert!(out.stderr.contains("within 200ms (--wait)"), "{out:?}");
+    }
+}
+
 #[test]
 fn unreachable_redis_exits_69_and_hides_the_password() {
     let port = free_port();
@@ -277,6 +491,36 @@ fn acquire_extend_release_and_status_round_trip() {
     assert_eq!(status["owner"], Value::Null);
     assert_eq!(status["ttl_ms"], Value::Null);
     assert_eq!(status["last_fence"], fence);
+}
+
+/// `extend` makes the lease last at least --ttl from now and never shortens it, as its
+/// --help says.
+#[test]
+fn extend_never_shortens_the_lease_and_says_so() {
+    let help = output({
+        let mut c = redlease();
+        c.args(["extend", "--help"]);
+        c
+    });
+    assert_eq!(help.code, 0, "{help:?}");
+    assert!(help.stdout.contains("at least --ttl from now"), "{help:?}");
+    assert!(help.stdout.contains("never shortened"), "{help:?}");
+
+    let server = server();
+    let mut redis = conn(&server);
+    let acquired = json(&output(at(
+        &server,
+        &["acquire", "job", "--ttl", "10m", "--json"],
+    )));
+    let token = acquired["token"].as_str().unwrap();
+    let out = output(at(&server, &["extend", "job", "--token", token, "--ttl", "1s"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    let pttl: i64 = redis.pttl("redlease:job").unwrap();
+    assert!(pttl > 500_000, "a 1s extend left the 10m lease alone: {pttl}");
+    let out = output(at(&server, &["extend", "job", "--token", token, "--ttl", "1h"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    let pttl: i64 = redis.pttl("redlease:job").unwrap();
+    assert!(pttl > 3_000_000, "a 1h extend lengthened it: {pttl}");
 }
 
 #[test]

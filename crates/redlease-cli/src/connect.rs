@@ -1,0 +1,209 @@
+//! The global options, and connecting as they say: one server, a cluster, a master
+//! found through sentinels, or Redlock's independent masters, with TLS when asked.
+//! Combinations that cannot work are refused here, before anything is sent.
+
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::cli::{self, Cli, Command, TopologyArgs};
+use crate::exit::{self, Failure};
+
+/// What every subcommand that talks to Redis needs.
+#[derive(Clone)]
+pub struct Global {
+    /// Every `--redis` URL (seed nodes with --cluster, masters with --redlock).
+    pub urls: Vec<String>,
+    /// The first of them: the one server of a plain set-up.
+    pub url: String,
+    /// `url` without its password, for messages.
+    pub shown_url: String,
+    /// `--redis` or `REDIS_URL` was given (not the default).
+    pub url_given: bool,
+    pub prefix: String,
+    pub response_timeout: Duration,
+    pub topology: TopologyArgs,
+}
+
+/// Parses the command line into the subcommand and the global options; exits with
+/// status 2 on a usage error (clap's).
+pub fn parse() -> (Command, Global) {
+    // Parse by hand to learn whether --redis was given.
+    let matches = Cli::command().get_matches();
+    let url_given = !matches!(matches.value_source("redis"), Some(ValueSource::DefaultValue));
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let url = cli
+        .redis
+        .first()
+        .cloned()
+        .unwrap_or_else(|| cli::DEFAULT_URL.to_owned());
+    let global = Global {
+        shown_url: cli
+            .redis
+            .iter()
+            .map(|u| exit::redact_url(u))
+            .collect::<Vec<_>>()
+            .join(", "),
+        urls: cli.redis,
+        url,
+        url_given,
+        prefix: cli.prefix,
+        response_timeout: cli.response_timeout,
+        topology: cli.topology,
+    };
+    (cli.command, global)
+}
+
+/// Refuses combinations of options and subcommands that cannot work, before anything
+/// is sent (exit status 2).
+pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure> {
+    let t = &global.topology;
+    let usage = |message: String| Err(Failure::new(exit::USAGE, message));
+    if global.urls.len() > 1 && !t.cluster && !t.redlock {
+        return usage(format!(
+            "--redis was given {} times; several URLs need --cluster (seed nodes) or --redlock (independent masters)",
+            global.urls.len()
+        ));
+    }
+    if t.redlock && global.urls.len() < 3 {
+        return usage(format!(
+            "--redlock needs at least 3 independent masters (--redis given {} time(s)); with fewer, one failure loses the majority",
+            global.urls.len()
+        ));
+    }
+    if !t.sentinel.is_empty() && global.url_given {
+        return usage("--sentinel finds the master itself; leave out --redis (and REDIS_URL)".into());
+    }
+    let tls = t.tls_ca.is_some() || t.tls_cert.is_some();
+    if tls && (t.cluster || !t.sentinel.is_empty()) {
+        return usage("--tls-ca/--tls-cert work with one server or --redlock; for a TLS cluster or sentinel set-up use rediss:// URLs with certificates the system trusts".into());
+    }
+    let plain_mutex_only = |what: &str| -> Result<(), Failure> {
+        let fine = match command {
+            Command::Run(run) => !run.fair && !run.legacy,
+            Command::Acquire(_) | Command::Release(_) | Command::Extend(_) => true,
+            Command::Status(status) => !status.fair,
+            _ => false,
+        };
+        if fine {
+            Ok(())
+        } else {
+            Err(Failure::new(
+                exit::USAGE,
+                format!("{what} works with the plain lock only (run, acquire, release, extend, status)"),
+            ))
+        }
+    };
+    if t.wait_replicas.is_some() {
+        plain_mutex_only("--wait-replicas")?;
+        if t.redlock {
+            return usage(
+                "--wait-replicas and --redlock do not go together: Redlock's masters are independent".into(),
+            );
+        }
+    }
+    if t.redlock {
+        match command {
+            Command::Run(run) if !run.fair && !run.legacy => {}
+            Command::Completions { .. } => {}
+            _ => {
+                return usage(
+                    "with --redlock only `run` (without --fair or --legacy) is available: the other commands act on one server's keys".into(),
+                );
+            }
+        }
+    }
+    if matches!(command, Command::Demo(_)) && (t.cluster || t.redlock || !t.sentinel.is_empty()) {
+        return usage(
+            "the demo runs on one plain Redis; leave out --cluster, --redlock and --sentinel".into(),
+        );
+    }
+    Ok(())
+}
+
+/// The `redis::Client` for one URL, with the TLS options when given.
+fn redis_client(global: &Global, url: &str) -> Result<redis::Client, Failure> {
+    let t = &global.topology;
+    let bad_url = |e: &dyn std::fmt::Display| {
+        Failure::new(
+            exit::USAGE,
+            format!("invalid --redis URL {:?}: {e}", exit::redact_url(url)),
+        )
+        .hint(format!(
+            "pass --redis (or set REDIS_URL) to a URL such as {}",
+            cli::DEFAULT_URL
+        ))
+    };
+    if t.tls_ca.is_none() && t.tls_cert.is_none() {
+        return redis::Client::open(url).map_err(|e| bad_url(&e));
+    }
+    let mut tls = redlease::TlsOptions::new();
+    if let Some(ca) = &t.tls_ca {
+        tls = tls.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&t.tls_cert, &t.tls_key) {
+        tls = tls.cert_file(cert).key_file(key);
+    }
+    tls.redis_client(url).map_err(|e| {
+        Failure::caused(exit::USAGE, e)
+            .hint("--tls-ca, --tls-cert and --tls-key need a rediss:// URL and readable PEM files")
+    })
+}
+
+/// Connects to Redis as `global` says: one server, a cluster, or a master found
+/// through sentinels. (Redlock: [`connect_redlock`].)
+pub async fn connect(global: &Global) -> Result<redlease::Client, Failure> {
+    let t = &global.topology;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let builder = if t.cluster {
+        redlease::Client::cluster_builder(global.urls.iter().map(String::as_str)).map_err(lock_err)?
+    } else if let Some(master) = &t.master {
+        redlease::Client::sentinel_builder(t.sentinel.iter().map(String::as_str), master)
+            .map_err(|e| Failure::from_lock(e, &t.sentinel.join(", ")))?
+    } else {
+        redlease::Client::builder(redis_client(global, &global.url)?)
+    };
+    builder
+        .prefix(global.prefix.clone())
+        .response_timeout(Some(global.response_timeout))
+        .build()
+        .await
+        .map_err(lock_err)
+}
+
+/// Connects to the independent masters of `--redlock`.
+pub async fn connect_redlock(global: &Global) -> Result<redlease::Redlock, Failure> {
+    let masters = global
+        .urls
+        .iter()
+        .map(|url| redis_client(global, url))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prefix = global.prefix.clone();
+    redlease::Redlock::connect_with(masters, move |b| b.prefix(prefix.clone()))
+        .await
+        .map_err(|e| Failure::from_lock(e, &global.shown_url))
+}
+
+/// The lease options of a plain lock: the TTL, and the replica policy of
+/// `--wait-replicas`.
+pub fn lease_options(global: &Global, ttl: Duration) -> redlease::LeaseOptions {
+    let mut options = redlease::LeaseOptions::new().ttl(ttl);
+    if let Some(k) = global.topology.wait_replicas {
+        options = options.replica_ack(redlease::ReplicaAck::new(k).timeout(global.topology.replica_timeout));
+    }
+    options
+}
+
+/// Lets background work finish before the process exits: a release started by a
+/// cancelled acquire (so no lock is left behind when redlease is interrupted while
+/// waiting), and the clients' own shutdown. Every client must have been dropped;
+/// bounded, so a dead server cannot hold redlease up.
+pub async fn finish_background_work(response_timeout: Duration) {
+    let bound = response_timeout.saturating_add(Duration::from_secs(1));
+    let deadline = crate::wait::after(tokio::time::Instant::now(), bound);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    while metrics.num_alive_tasks() > 0 && deadline.is_none_or(|d| tokio::time::Instant::now() < d) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
