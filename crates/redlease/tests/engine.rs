@@ -291,8 +291,11 @@ async fn batched_renewals_follow_a_resharding() {
     }
     let n = guards.len() as u64;
 
-    // Two rounds before the migration: each tick carries all three leases.
-    let start = client.stats();
+    // Two rounds to settle into one schedule (leases taken at slightly different
+    // moments share ticks after at most two intervals), then two more in which each
+    // tick carries all three leases.
+    let warm_up = await_renewals(&client, client.stats(), 2 * n, &guards, "first renewals").await;
+    let start = warm_up;
     let before = await_renewals(&client, start, 2 * n, &guards, "renewals before the migration").await;
     let (ticks, renewed) = (
         before.renewal_ticks - start.renewal_ticks,
