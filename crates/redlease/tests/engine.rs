@@ -54,8 +54,10 @@ struct HoldingRenewals {
     let_go: Arc<watch::Sender<bool>>,
 }
 
-/// How long a held request waits at most if the test never lets it go (a failed
-/// test must not hang).
+/// How long a caught request is held back at least, whenever the test lets it go.
+const HOLD_AT_LEAST: Duration = Duration::from_millis(500);
+/// How long a caught request is held back at most if the test never lets it go (a
+/// failed test must not hang).
 const HOLD_AT_MOST: Duration = Duration::from_secs(60);
 
 impl HoldingRenewals {
@@ -73,11 +75,14 @@ impl HoldingRenewals {
         cmds.any(|cmd| is_evalsha_ending_with(cmd, &self.ttl_ms))
     }
 
-    /// Holds a caught request back until the test lets it go.
+    /// Holds a caught request back until the test lets it go, and for at least
+    /// [`HOLD_AT_LEAST`].
     async fn hold(&self) {
+        let caught = tokio::time::Instant::now();
         self.held.send_modify(|h| h.caught += 1);
         let mut let_go = self.let_go.subscribe();
         let _ = tokio::time::timeout(HOLD_AT_MOST, let_go.wait_for(|go| *go)).await;
+        tokio::time::sleep_until(caught + HOLD_AT_LEAST).await;
     }
 
     fn answered(&self) {
