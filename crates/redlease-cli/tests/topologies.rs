@@ -297,9 +297,22 @@ fn wait_replicas_reports_acks_and_a_shortfall_releases_and_exits_69() {
             .unwrap();
         info.contains("connected_slaves:1") && info.contains("state=online")
     });
+    // Online is not yet acknowledging: wait until a write is acknowledged.
+    eventually(20, "the replica acknowledges writes", || {
+        let mut c = conn(&master);
+        let _: () = redis::cmd("SET").arg("warm-up").arg(1).query(&mut c).unwrap();
+        let acked: i64 = redis::cmd("WAIT").arg(1).arg(1000).query(&mut c).unwrap();
+        acked == 1
+    });
     let base = vec!["--redis".to_owned(), master.url()];
     let mut one = base.clone();
-    one.extend(["--wait-replicas".to_owned(), "1".to_owned()]);
+    // A generous acknowledgement timeout: the machine may be busy.
+    one.extend([
+        "--wait-replicas".to_owned(),
+        "1".to_owned(),
+        "--replica-timeout".to_owned(),
+        "1500ms".to_owned(),
+    ]);
     let ok = output(with(&one, &["run", "payroll", "--", "true"]));
     assert_eq!(ok.code, 0, "{ok:?}");
     assert!(ok.stderr.contains("acknowledged by 1 replica"), "{ok:?}");
