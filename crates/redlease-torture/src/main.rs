@@ -24,6 +24,7 @@ mod checker;
 mod clock;
 mod coordinator;
 mod faults;
+mod log;
 mod report;
 mod resource;
 mod rng;

@@ -180,6 +180,7 @@ pub fn main(spec: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    crate::log::init(spec.worker);
     let (out, lines) = mpsc::channel::<String>();
     let writer = std::thread::spawn(move || write_lines(lines));
     let observer = match tokio::runtime::Builder::new_multi_thread()
