@@ -5,6 +5,7 @@
 //! phase's faults until its time is up, stops the workers, and hands the resource's
 //! log and the workers' reports to the checker.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,7 +23,7 @@ use crate::clock::mono_ns;
 use crate::faults::{Event, Fault};
 use crate::resource::Resource;
 use crate::rng::Rng;
-use crate::worker::Spec;
+use crate::worker::{Spec, cs_client};
 
 /// One phase: which faults, for how long.
 #[derive(Clone, Debug)]
@@ -77,6 +78,9 @@ pub struct Row {
     pub lost_unexplained: Option<u64>,
     /// The first of them, described.
     pub lost_details: Vec<String>,
+    /// Under `extend`: leases lost while their client was frozen leaning on another
+    /// lease (explained: its renewals waited too).
+    pub lost_leaning: u64,
     pub verdict: Verdict,
     pub acquire_timeouts: u64,
     pub acquire_unavailable: u64,
@@ -513,6 +517,20 @@ async fn run_phase(
         let (mut timeouts, mut unavailable, mut other) = (0, 0, 0);
         let mut samples = Vec::new();
         let mut lost = Vec::new();
+        let mut lost_leaning = 0;
+        // Under `extend`, when each client (worker, group) was frozen leaning on a lease:
+        // the leases of its other holders may run out meanwhile (its renewals wait too).
+        let mut leaning: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+        for (c, &(ai, _)) in counters.iter().enumerate() {
+            if ai == i {
+                for (&cs, r) in &tallies[c].cs {
+                    if r.lean_us > 0 {
+                        let until = r.lean_ns + r.lean_us * 1000 + config.ttl.as_nanos() as u64 / 2;
+                        leaning.entry(cs_client(cs)).or_default().push((r.lean_ns, until));
+                    }
+                }
+            }
+        }
         for (c, &(ai, k)) in counters.iter().enumerate() {
             if ai != i {
                 continue;
@@ -524,7 +542,16 @@ async fn run_phase(
             other += tally.acquire_other;
             samples.extend(tally.other_errors.iter().cloned());
             if unexplained {
-                lost.extend(lost_signals(tally, &names[i][k], &events, started_ns));
+                for (at, cs, what) in lost_signals(tally, &names[i][k], &events, started_ns) {
+                    let frozen = leaning
+                        .get(&cs_client(cs))
+                        .is_some_and(|w| w.iter().any(|&(from, until)| from <= at && at <= until));
+                    if frozen {
+                        lost_leaning += 1;
+                    } else {
+                        lost.push((at, what));
+                    }
+                }
             }
         }
         if !exited {
@@ -546,6 +573,7 @@ async fn run_phase(
             locks: names[i].len(),
             lost_unexplained: (unexplained && verdict.lost_signals.is_some()).then_some(lost.len() as u64),
             lost_details: lost.into_iter().map(|(_, d)| d).take(10).collect(),
+            lost_leaning,
             verdict,
             acquire_timeouts: timeouts,
             acquire_unavailable: unavailable,
@@ -560,7 +588,7 @@ async fn run_phase(
 /// The `lost()` signals of one lock's holders, each described (with its time, for
 /// sorting): the critical section, the reason, when in the phase, and which fault
 /// event — a migration — was under way or had just ended.
-fn lost_signals(tally: &Tally, lock: &str, events: &[Event], started_ns: u64) -> Vec<(u64, String)> {
+fn lost_signals(tally: &Tally, lock: &str, events: &[Event], started_ns: u64) -> Vec<(u64, u64, String)> {
     let mut out = Vec::new();
     for (cs, r) in &tally.cs {
         let (Some(reason), Some(at)) = (&r.lost, r.lost_ns) else {
@@ -599,7 +627,7 @@ fn lost_signals(tally: &Tally, lock: &str, events: &[Event], started_ns: u64) ->
                 what += &format!(" ({m})");
             }
         }
-        out.push((at, what));
+        out.push((at, *cs, what));
     }
     out
 }
@@ -638,6 +666,8 @@ fn record(line: &str, tallies: &mut [Tally]) -> Result<Notice, String> {
                 outcome,
                 start_ns: v["start"].as_u64().unwrap_or(0),
                 acquired_ns: v["got"].as_u64().unwrap_or(0),
+                lean_ns: v["lean_ns"].as_u64().unwrap_or(0),
+                lean_us: v["lean"].as_u64().unwrap_or(0),
                 stall_ms: v["stall"].as_u64().unwrap_or(0),
                 stall_ns: v["stall_ns"].as_u64().unwrap_or(0),
                 rejected_ns: v["rej"].as_u64(),

@@ -395,15 +395,17 @@ fn summary(rows: &[coordinator::Row], seconds: f64) {
         let extends: Vec<_> = mine
             .iter()
             .filter(|r| r.faults.contains(&Fault::Extend))
-            .map(|r| &r.verdict)
             .collect();
         if !extends.is_empty() {
-            let sum = |f: &dyn Fn(&checker::Verdict) -> u64| extends.iter().map(|v| f(v)).sum::<u64>();
+            let sum = |f: &dyn Fn(&coordinator::Row) -> u64| extends.iter().map(|r| f(r)).sum::<u64>();
             println!(
-                "  extends: {} ok, {} not held, {} failed",
-                sum(&|v| v.extends_ok),
-                sum(&|v| v.extends_not_held),
-                sum(&|v| v.extends_failed)
+                "  extends: {} ok, {} not held, {} failed; {} holders leaned on their lease \
+                 ({} leases of their clients ran out meanwhile)",
+                sum(&|r| r.verdict.extends_ok),
+                sum(&|r| r.verdict.extends_not_held),
+                sum(&|r| r.verdict.extends_failed),
+                sum(&|r| r.verdict.leaned),
+                sum(&|r| r.lost_leaning)
             );
         }
         if mine[0].verdict.lost_signals.is_some() && paused > 0 {

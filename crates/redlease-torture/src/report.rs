@@ -256,6 +256,8 @@ fn row_json(r: &Row) -> Value {
         "locks": r.locks,
         "lost_unexplained": r.lost_unexplained,
         "lost_unexplained_details": r.lost_details,
+        "lost_while_client_leaned": r.lost_leaning,
+        "leaned_on_lease": v.leaned,
         "extends_ok": v.extends_ok,
         "extends_not_held": v.extends_not_held,
         "extends_failed": v.extends_failed,

@@ -155,6 +155,17 @@ pub fn cs_worker(cs: u64) -> usize {
     (cs >> 56) as usize
 }
 
+/// The worker, algorithm and group — the client — a critical section ran in.
+pub fn cs_client(cs: u64) -> u64 {
+    cs >> 40
+}
+
+/// Under `extend`, one critical section in this many leans on its lease (see
+/// [`client_task`]).
+const LEAN_ONE_IN: u64 = 8;
+/// ... stopping this long before the lease's `valid_until` (to absorb a late wake-up).
+const LEAN_MARGIN: Duration = Duration::from_millis(50);
+
 type Out = mpsc::Sender<String>;
 
 /// Marks a pending stall that only a freshly acquired holder may take.
@@ -627,6 +638,25 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
                 // Tell the coordinator, which may be waiting to restart Redis meanwhile.
                 let _ = shared.out.send(json!({"t": "stall", "a": ai}).to_string());
                 std::thread::sleep(Duration::from_millis(stall));
+            }
+            // extend: now and then the holder leans on the lease it was told it has —
+            // its whole client frozen (renewals too) until just before `valid_until` —
+            // then writes. If the server's lease were shorter than the one the extends
+            // and renewals confirmed, another holder would get in meanwhile and this
+            // write, still within the holder's lease, would be refused: a violation.
+            if spec.extend
+                && rng.below(LEAN_ONE_IN) == 0
+                && let Some(lease) = held.lease()
+            {
+                let left = lease
+                    .valid_until()
+                    .saturating_duration_since(std::time::Instant::now());
+                let lean = left.saturating_sub(LEAN_MARGIN).min(ttl * 3);
+                if lean >= LEAN_MARGIN {
+                    report.insert("lean".into(), (lean.as_micros() as u64).into());
+                    report.insert("lean_ns".into(), mono_ns().into());
+                    std::thread::sleep(lean);
+                }
             }
             let second = match role {
                 Role::Writer => {
