@@ -50,6 +50,8 @@ pub struct CsReport {
     /// When it started to acquire, and when it got the lock.
     pub start_ns: u64,
     pub acquired_ns: u64,
+    /// When its release returned.
+    pub released_ns: u64,
     /// Stall injected before its write (`client-pause`), and when it began.
     pub stall_ms: u64,
     pub stall_ns: u64,
@@ -549,6 +551,7 @@ mod tests {
             outcome,
             start_ns: 0,
             acquired_ns: 0,
+            released_ns: 0,
             lean_ns: 0,
             lean_us: 0,
             stall_ms: 0,

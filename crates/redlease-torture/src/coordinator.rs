@@ -591,19 +591,35 @@ async fn run_phase(
 fn lost_signals(tally: &Tally, lock: &str, events: &[Event], started_ns: u64) -> Vec<(u64, u64, String)> {
     let mut out = Vec::new();
     for (cs, r) in &tally.cs {
-        let (Some(reason), Some(at)) = (&r.lost, r.lost_ns) else {
-            continue;
-        };
         let secs = |t: u64| t.saturating_sub(started_ns) as f64 / 1e9;
-        let mut what = format!(
-            "lock {PREFIX}{lock}, critical section {cs:#x} ({:?}; acquire began at {:.2}s, returned at {:.2}s): \
-             lost() fired ({reason}) at {:.2}s (t={at}ns), {:.1}ms after the acquire returned",
+        let head = format!(
+            "lock {PREFIX}{lock}, critical section {cs:#x} ({:?}; acquire began at {:.2}s, returned at {:.2}s)",
             r.outcome,
             secs(r.start_ns),
             secs(r.acquired_ns),
-            secs(at),
-            at.saturating_sub(r.acquired_ns) as f64 / 1e6
         );
+        let (at, mut what) = match (&r.lost, r.lost_ns) {
+            (Some(reason), Some(at)) => (
+                at,
+                format!(
+                    "{head}: lost() fired ({reason}) at {:.2}s (t={at}ns), {:.1}ms after the acquire returned",
+                    secs(at),
+                    at.saturating_sub(r.acquired_ns) as f64 / 1e6
+                ),
+            ),
+            // The release says the lease was lost, the lease never said so.
+            _ if r.release == "not-held" && r.has_lease => (
+                r.released_ns,
+                format!(
+                    "{head}: release() returned NotHeld at {:.2}s (t={}ns), {:.1}ms after the acquire \
+                     returned, but lost() never fired",
+                    secs(r.released_ns),
+                    r.released_ns,
+                    r.released_ns.saturating_sub(r.acquired_ns) as f64 / 1e6
+                ),
+            ),
+            _ => continue,
+        };
         if let Some(e) = events.iter().find(|e| e.start_ns <= at && at <= e.end_ns) {
             what += &format!(
                 ", during {} [{:.2}s-{:.2}s]",
@@ -666,6 +682,7 @@ fn record(line: &str, tallies: &mut [Tally]) -> Result<Notice, String> {
                 outcome,
                 start_ns: v["start"].as_u64().unwrap_or(0),
                 acquired_ns: v["got"].as_u64().unwrap_or(0),
+                released_ns: v["rel_ns"].as_u64().unwrap_or(0),
                 lean_ns: v["lean_ns"].as_u64().unwrap_or(0),
                 lean_us: v["lean"].as_u64().unwrap_or(0),
                 stall_ms: v["stall"].as_u64().unwrap_or(0),

@@ -5,6 +5,7 @@
 //! worker. Off by default: a minimal subscriber, so the run needs no logging stack.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -74,8 +75,9 @@ impl Subscriber for Stderr {
         let mut fields = Fields(String::new());
         event.record(&mut fields);
         let thread = std::thread::current();
-        eprintln!(
-            "[t={} w{} {} {} {}]{}",
+        // One write per line: the workers share the coordinator's stderr.
+        let line = format!(
+            "[t={} w{} {} {} {}]{}\n",
             mono_ns(),
             self.worker,
             thread.name().unwrap_or("-"),
@@ -83,6 +85,7 @@ impl Subscriber for Stderr {
             event.metadata().target(),
             fields.0
         );
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     fn enter(&self, _span: &Id) {}

@@ -390,7 +390,10 @@ fn summary(rows: &[coordinator::Row], seconds: f64) {
             .filter_map(|r| r.lost_unexplained.map(|n| format!("{n} under {}", r.phase)))
             .collect();
         if !unexplained.is_empty() {
-            println!("  lost() with no fault to explain it: {}", unexplained.join(", "));
+            println!(
+                "  leases lost with no fault to explain it: {}",
+                unexplained.join(", ")
+            );
         }
         let extends: Vec<_> = mine
             .iter()

@@ -141,7 +141,7 @@ pub fn unexplained_lost(rows: &[Row]) -> String {
     for r in rows.iter().filter(|r| r.lost_unexplained.is_some_and(|n| n > 0)) {
         let _ = writeln!(
             out,
-            "{} under {}: {} leases lost with no fault to explain it{}",
+            "{} under {}: {} leases lost with no fault to explain it (lost() fired, or a release found the lock gone){}",
             r.algorithm,
             r.phase,
             r.lost_unexplained.unwrap_or(0),
@@ -313,7 +313,7 @@ pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
         }
         if let Some(n) = r.lost_unexplained.filter(|&n| n > 0 && r.must_be_safe) {
             violations.push(format!(
-                "{} under {}: {n} leases lost (lost() fired) with no fault to explain it",
+                "{} under {}: {n} leases lost with no fault to explain it (lost() fired, or a release found the lock gone)",
                 r.algorithm, r.phase
             ));
             violations.extend(r.lost_details.iter().map(|d| format!("  {d}")));

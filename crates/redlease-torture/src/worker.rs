@@ -706,6 +706,7 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
             lease.lost().await;
         }
         let release = held.release().await;
+        let released_ns = mono_ns();
         if let Some(watcher) = watcher
             && let Ok(Ok((reason, at))) = tokio::time::timeout(Duration::from_secs(10), watcher).await
             && let Some(name) = reason_name(reason)
@@ -731,6 +732,7 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
         report.insert("start".into(), start_ns.into());
         report.insert("got".into(), acquired_ns.into());
         report.insert("rel".into(), release.name().into());
+        report.insert("rel_ns".into(), released_ns.into());
         let _ = shared.out.send(Value::Object(report).to_string());
         if outcome == "io" {
             break;
