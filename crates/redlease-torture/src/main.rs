@@ -63,7 +63,7 @@ enum Cmd {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Every fault for 20 s, then all of them mixed for 40 s (about 5 minutes).
+    /// Every fault for 20 s, then all of them mixed for 40 s (about 4.5 minutes).
     #[arg(long, conflicts_with_all = ["ci", "duration"])]
     quick: bool,
     /// The CI variant: eight faults for 12 s each (under 2 minutes).
