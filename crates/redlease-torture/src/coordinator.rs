@@ -1,9 +1,11 @@
 //! The coordinator: runs the phases of a torture run.
 //!
 //! For each phase it starts a fresh lock server (through the test kit) behind a fault
-//! proxy, resets the resource's counters, starts the worker processes, injects the
-//! phase's faults until its time is up, stops the workers, and hands the resource's
-//! log and the workers' reports to the checker.
+//! proxy — or, for `cluster`, a 3-master Redis Cluster — resets the resource's
+//! counters, starts the worker processes, injects the phase's faults until its time is
+//! up, stops the workers, and hands the resource's log and the workers' reports to the
+//! checker, one lock's counter at a time; under `extend` and `cluster` it also lists
+//! every lease lost, which nothing there explains.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

@@ -13,11 +13,13 @@
 //!   mutex, read-write lock, semaphore, Redlock and legacy timestamp lock, and naive
 //!   baselines: the broken locks common in the wild.
 //! - `faults`, `report`, `clock`, `rng`: fault names, output, the shared clock, seeds.
+//! - `log`: the library's own log in every worker (`REDLEASE_TORTURE_LOG=debug`).
 //!
 //! Exit status: 0 when every must-be-safe algorithm had zero violations (algorithms
 //! without fencing tokens are must-be-safe only under the faults no holder can outlive
-//! its lease in), 1 when one did not, 2 when the harness itself failed (or a phase made
-//! too little progress to prove anything).
+//! its lease in) and lost no lease under `extend` and `cluster`, 1 when one did not, 2
+//! when the harness itself failed (or a phase made too little progress to prove
+//! anything).
 
 mod algorithms;
 mod checker;
