@@ -34,7 +34,9 @@ pub enum Fault {
     /// TTLs longer and shorter than the current one, some left running while the
     /// section goes on — while automatic renewal runs; the proxy adds a few
     /// milliseconds of varying latency so that extends and renewals are in flight
-    /// together. Nothing is broken: no lease may be lost, no two holders may overlap.
+    /// together. One section in eight then leans on its lease: its client frozen until
+    /// just before the `valid_until` it was given, then it writes. Nothing is broken: no
+    /// lease may be lost, no two holders may overlap.
     Extend,
     /// The lock server is a 3-master Redis Cluster, and the slots of the locks' keys
     /// keep migrating between masters (MIGRATING/IMPORTING, keys moved, `ASK`, then
@@ -89,7 +91,7 @@ impl Fault {
                 "a worker's wall clock runs 0.5-3 x TTL ahead or behind for 1-2 s (legacy timestamp locks only)"
             }
             Fault::Extend => {
-                "holders extend(0.5-3 x TTL) 1-4 times per section, some racing renewal; 0-20 ms proxy latency (redlease guards only)"
+                "holders extend(0.5-3 x TTL) 1-4 times per section, some racing renewal; 1 in 8 then leans on its lease; 0-15 ms proxy latency"
             }
             Fault::Cluster => {
                 "3-master Redis Cluster; the locks' slots migrate between masters, pausing at each step (cluster-capable locks only)"
