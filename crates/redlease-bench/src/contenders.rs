@@ -73,9 +73,12 @@ pub enum Locker {
 
 /// A held lock.
 pub enum Held {
-    Raw { key: String, token: String },
-    Redlease(redlease::MutexGuard),
-    RedleaseFair(redlease::FairMutexGuard),
+    Raw {
+        key: String,
+        token: String,
+    },
+    /// Any redlease lock (plain or fair mutex), through the surface every guard shares.
+    Redlease(Box<dyn redlease::Guard>),
     Rslock(rslock::Lock),
 }
 
@@ -139,13 +142,13 @@ impl Locker {
                 let mutex = client
                     .mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
                     .expect("valid name");
-                Held::Redlease(mutex.lock().await.expect("lock"))
+                Held::Redlease(Box::new(mutex.lock().await.expect("lock")))
             }
             Locker::RedleaseFair(client) => {
                 let mutex = client
                     .fair_mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
                     .expect("valid name");
-                Held::RedleaseFair(mutex.lock().await.expect("lock"))
+                Held::Redlease(Box::new(mutex.lock().await.expect("lock")))
             }
             Locker::Rslock(mgr) => Held::Rslock(mgr.acquire_no_guard(name, ttl).await.expect("acquire")),
         }
@@ -163,8 +166,9 @@ impl Locker {
                     .await
                     .expect("unlock");
             }
-            (Locker::Redlease(_), Held::Redlease(guard)) => guard.release().await.expect("release"),
-            (Locker::RedleaseFair(_), Held::RedleaseFair(guard)) => guard.release().await.expect("release"),
+            (Locker::Redlease(_) | Locker::RedleaseFair(_), Held::Redlease(guard)) => {
+                guard.release().await.expect("release")
+            }
             (Locker::Rslock(mgr), Held::Rslock(lock)) => mgr.unlock(&lock).await,
             _ => unreachable!("a lock is released by the contender that took it"),
         }

@@ -47,8 +47,11 @@ pub enum Outcome {
 #[derive(Clone, Debug)]
 pub struct CsReport {
     pub outcome: Outcome,
-    /// When it started to acquire.
+    /// When it started to acquire, and when it got the lock.
     pub start_ns: u64,
+    pub acquired_ns: u64,
+    /// When its release returned.
+    pub released_ns: u64,
     /// Stall injected before its write (`client-pause`), and when it began.
     pub stall_ms: u64,
     pub stall_ns: u64,
@@ -59,6 +62,14 @@ pub struct CsReport {
     pub lost_ns: Option<u64>,
     pub has_lease: bool,
     pub release: String,
+    /// When it leaned on its lease (`extend`: its client frozen until just before
+    /// `valid_until`), and for how long (µs).
+    pub lean_ns: u64,
+    pub lean_us: u64,
+    /// Its extends (the `extend` fault): succeeded, failed "not held", failed otherwise.
+    pub extends: (u64, u64, u64),
+    /// The first extend failure's message.
+    pub extend_error: Option<String>,
 }
 
 /// What the clients of one algorithm reported in one phase.
@@ -121,6 +132,12 @@ pub struct Verdict {
     pub lost_signals: Option<u64>,
     pub abandoned: u64,
     pub release_not_held: u64,
+    /// Extends (the `extend` fault) that succeeded, failed "not held", failed otherwise.
+    pub extends_ok: u64,
+    pub extends_not_held: u64,
+    pub extends_failed: u64,
+    /// Holders that leaned on their lease (`extend`).
+    pub leaned: u64,
     pub harness_errors: Vec<String>,
     pub violations: u64,
     /// The first few violations, described, for whoever has to investigate.
@@ -131,6 +148,49 @@ impl Verdict {
     fn detail(&mut self, what: String) {
         if self.details.len() < 5 {
             self.details.push(what);
+        }
+    }
+
+    /// Adds the verdict of another lock of the same algorithm in the same phase (each
+    /// lock has its own counter, checked on its own).
+    pub fn merge(&mut self, o: Verdict) {
+        self.critical_sections += o.critical_sections;
+        self.writes += o.writes;
+        self.max_inside = self.max_inside.max(o.max_inside);
+        self.rw_overlaps += o.rw_overlaps;
+        self.rw_overlaps_lost_writes += o.rw_overlaps_lost_writes;
+        self.rw_overlaps_stale += o.rw_overlaps_stale;
+        self.over_limit += o.over_limit;
+        self.over_limit_valid += o.over_limit_valid;
+        self.entered += o.entered;
+        self.final_value += o.final_value;
+        self.lost_increments += o.lost_increments;
+        self.stale_writes += o.stale_writes;
+        self.interleavings += o.interleavings;
+        self.fenced_rejections += o.fenced_rejections;
+        self.overlaps_caught += o.overlaps_caught;
+        self.overlaps_unexpected += o.overlaps_unexpected;
+        self.paused += o.paused;
+        self.paused_rejected += o.paused_rejected;
+        self.paused_lost_first += o.paused_lost_first;
+        self.paused_lost_missing += o.paused_lost_missing;
+        self.paused_lost_late += o.paused_lost_late;
+        self.paused_excused += o.paused_excused;
+        self.short_stalls += o.short_stalls;
+        self.lost_signals = match (self.lost_signals, o.lost_signals) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.abandoned += o.abandoned;
+        self.release_not_held += o.release_not_held;
+        self.extends_ok += o.extends_ok;
+        self.extends_not_held += o.extends_not_held;
+        self.extends_failed += o.extends_failed;
+        self.leaned += o.leaned;
+        self.harness_errors.extend(o.harness_errors);
+        self.violations += o.violations;
+        for d in o.details {
+            self.detail(d);
         }
     }
 }
@@ -299,6 +359,12 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration, k
         if r.release == "not-held" {
             v.release_not_held += 1;
         }
+        v.extends_ok += r.extends.0;
+        v.extends_not_held += r.extends.1;
+        v.extends_failed += r.extends.2;
+        if r.lean_us > 0 {
+            v.leaned += 1;
+        }
         if r.stall_ms == 0 || !r.has_lease {
             continue;
         }
@@ -346,11 +412,16 @@ pub fn check(log: &CounterLog, tally: &Tally, events: &[Event], ttl: Duration, k
     }
     v.lost_signals = has_lease.then_some(lost_signals);
 
+    // Under `extend` a holder now and then freezes its client until just before its own
+    // lease ends; the client's other holders' leases may run out meanwhile, and a
+    // permit holder past its lease (no token stops it) is still inside when the next
+    // one enters. Only entries beside more valid leases than permits count then.
+    let leaning = events.iter().any(|e| e.fault == Fault::Extend);
     v.violations = v.lost_increments
         + v.interleavings
         + v.overlaps_unexpected
         + v.rw_overlaps
-        + v.over_limit
+        + if leaning { v.over_limit_valid } else { v.over_limit }
         + v.paused_lost_missing
         + v.paused_lost_late;
     v
@@ -479,6 +550,10 @@ mod tests {
         CsReport {
             outcome,
             start_ns: 0,
+            acquired_ns: 0,
+            released_ns: 0,
+            lean_ns: 0,
+            lean_us: 0,
             stall_ms: 0,
             stall_ns: 0,
             rejected_ns: None,
@@ -486,6 +561,8 @@ mod tests {
             lost_ns: None,
             has_lease: false,
             release: "released".into(),
+            extends: (0, 0, 0),
+            extend_error: None,
         }
     }
 
@@ -561,6 +638,7 @@ mod tests {
             start_ns: 20,
             end_ns: 25,
             worker: None,
+            note: String::new(),
         };
         let v = check(&log, &tally, &[restart], Duration::from_secs(1), Check::Mutex);
         assert_eq!(
@@ -695,6 +773,7 @@ mod tests {
             start_ns: 12,
             end_ns: 13,
             worker: None,
+            note: String::new(),
         };
         let v = check(&reader_around_writer(100), &tally, &[restart], ttl, Check::RwLock);
         assert_eq!(
@@ -769,5 +848,33 @@ mod tests {
             Check::Semaphore { limit: 3 },
         );
         assert_eq!(v.violations, 0);
+    }
+
+    #[test]
+    fn verdicts_of_several_locks_add_up() {
+        let mut a = Verdict {
+            critical_sections: 3,
+            max_inside: 1,
+            lost_signals: Some(1),
+            violations: 1,
+            details: vec!["a".into()],
+            ..Verdict::default()
+        };
+        let b = Verdict {
+            critical_sections: 4,
+            max_inside: 2,
+            lost_signals: None,
+            extends_ok: 5,
+            violations: 2,
+            details: vec!["b".into()],
+            ..Verdict::default()
+        };
+        a.merge(b);
+        assert_eq!((a.critical_sections, a.max_inside, a.violations), (7, 2, 3));
+        assert_eq!((a.lost_signals, a.extends_ok), (Some(1), 5));
+        assert_eq!(a.details, ["a", "b"]);
+        let mut none = Verdict::default();
+        none.merge(Verdict::default());
+        assert_eq!(none.lost_signals, None, "no lease on either lock");
     }
 }

@@ -64,7 +64,10 @@ pub fn table(rows: &[Row]) -> String {
             v.critical_sections,
             viol,
             v.max_inside,
-            opt(v.lost_signals),
+            match r.lost_unexplained {
+                Some(n) if n > 0 => format!("{n}!"),
+                _ => opt(v.lost_signals),
+            },
             if r.fenced {
                 v.fenced_rejections.to_string()
             } else {
@@ -90,6 +93,12 @@ pub fn table(rows: &[Row]) -> String {
         out,
         "(* informative: a baseline, or a lock without fencing token under a fault that lets a holder outlive its lease)"
     );
+    if rows.iter().any(|r| r.lost_unexplained.is_some_and(|n| n > 0)) {
+        let _ = writeln!(
+            out,
+            "(! leases lost where no fault of the phase explains it: a defect, listed below)"
+        );
+    }
     for t in totals(rows) {
         let n = |k: &str| t[k].as_u64().map_or_else(|| "-".to_owned(), |n| n.to_string());
         let fenced = t["fenced"].as_bool() == Some(true);
@@ -121,6 +130,30 @@ pub fn table(rows: &[Row]) -> String {
             },
             paused,
         );
+    }
+    out
+}
+
+/// The `lost()` signals no fault explains (under `extend` and `cluster`), described;
+/// empty when there were none.
+pub fn unexplained_lost(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for r in rows.iter().filter(|r| r.lost_unexplained.is_some_and(|n| n > 0)) {
+        let _ = writeln!(
+            out,
+            "{} under {}: {} leases lost with no fault to explain it (lost() fired, or a release found the lock gone){}",
+            r.algorithm,
+            r.phase,
+            r.lost_unexplained.unwrap_or(0),
+            if r.lost_details.len() < r.lost_unexplained.unwrap_or(0) as usize {
+                format!(" (the first {}:)", r.lost_details.len())
+            } else {
+                ":".into()
+            }
+        );
+        for d in &r.lost_details {
+            let _ = writeln!(out, "  {d}");
+        }
     }
     out
 }
@@ -162,6 +195,10 @@ fn totals(rows: &[Row]) -> Vec<Value> {
                 "overlaps_caught_by_fencing": sum(&|r| r.verdict.overlaps_caught),
                 "paused_holders_checked": sum(&|r| r.verdict.paused - r.verdict.paused_excused),
                 "paused_lost_before_rejection_or_write": sum(&|r| r.verdict.paused_lost_first),
+                "lost_unexplained": mine
+                    .iter()
+                    .any(|r| r.lost_unexplained.is_some())
+                    .then(|| sum(&|r| r.lost_unexplained.unwrap_or(0))),
             })
         })
         .collect()
@@ -216,6 +253,14 @@ fn row_json(r: &Row) -> Value {
         "rw_overlaps_past_lease": v.rw_overlaps_stale,
         "over_limit": v.over_limit,
         "over_limit_with_valid_leases": v.over_limit_valid,
+        "locks": r.locks,
+        "lost_unexplained": r.lost_unexplained,
+        "lost_unexplained_details": r.lost_details,
+        "lost_while_client_leaned": r.lost_leaning,
+        "leaned_on_lease": v.leaned,
+        "extends_ok": v.extends_ok,
+        "extends_not_held": v.extends_not_held,
+        "extends_failed": v.extends_failed,
     });
     if let (Some(doc), Value::Object(more)) = (doc.as_object_mut(), more) {
         doc.extend(more);
@@ -241,8 +286,8 @@ pub fn json(config: &Config, rows: &[Row], seconds: f64, passed: bool, error: Op
     })
 }
 
-/// Why the run failed, if it did: violations of must-be-safe algorithms (exit 1) and
-/// harness problems (exit 2).
+/// Why the run failed, if it did: violations of must-be-safe algorithms, and their
+/// leases lost where no fault explains it (exit 1); harness problems (exit 2).
 pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
     let mut violations = Vec::new();
     let mut harness = Vec::new();
@@ -265,6 +310,13 @@ pub fn failures(rows: &[Row]) -> (Vec<String>, Vec<String>) {
                 v.paused_lost_late
             ));
             violations.extend(v.details.iter().map(|d| format!("  {d}")));
+        }
+        if let Some(n) = r.lost_unexplained.filter(|&n| n > 0 && r.must_be_safe) {
+            violations.push(format!(
+                "{} under {}: {n} leases lost with no fault to explain it (lost() fired, or a release found the lock gone)",
+                r.algorithm, r.phase
+            ));
+            violations.extend(r.lost_details.iter().map(|d| format!("  {d}")));
         }
         for e in &v.harness_errors {
             harness.push(format!("{} under {}: {e}", r.algorithm, r.phase));

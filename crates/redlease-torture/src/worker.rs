@@ -12,12 +12,16 @@
 //! `{"cmd":"stop"}`; end of input also stops it) and reports every critical section on
 //! stdout as one JSON line.
 
+use std::future::Future;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use redlease::LostReason;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -33,8 +37,9 @@ pub struct Spec {
     pub worker: usize,
     pub lock_urls: Vec<String>,
     pub resource: String,
-    /// Algorithm names with their lock names; the position is the resource counter.
-    pub algorithms: Vec<(String, String)>,
+    /// Algorithm names with the names of their locks. Each lock has its own resource
+    /// counter, numbered in this order (see [`Spec::counter`]).
+    pub algorithms: Vec<(String, Vec<String>)>,
     pub groups: usize,
     pub tasks: usize,
     pub ttl_ms: u64,
@@ -43,8 +48,14 @@ pub struct Spec {
     pub acquire_timeout_ms: u64,
     /// Each critical section "works" up to this long between its read and its write...
     pub work_max_us: u64,
-    /// ... except this many in a thousand, which work 0.3-0.7 x TTL.
+    /// ... except this many in a thousand, which work this long (a range).
     pub long_work_per_mille: u64,
+    pub long_work_ms: (u64, u64),
+    /// The lock URLs are a Redis Cluster's masters.
+    pub cluster: bool,
+    /// Holders also extend their leases inside their critical sections (the `extend`
+    /// fault).
+    pub extend: bool,
     pub seed: u64,
 }
 
@@ -55,6 +66,9 @@ impl Spec {
             "lock_urls": self.lock_urls,
             "resource": self.resource,
             "algorithms": self.algorithms.iter().map(|(a, l)| json!([a, l])).collect::<Vec<_>>(),
+            "long_work_ms": [self.long_work_ms.0, self.long_work_ms.1],
+            "cluster": self.cluster,
+            "extend": self.extend,
             "groups": self.groups,
             "tasks": self.tasks,
             "ttl_ms": self.ttl_ms,
@@ -86,7 +100,13 @@ impl Spec {
             .as_array()
             .ok_or("worker spec lacks algorithms")?
             .iter()
-            .filter_map(|p| Some((p[0].as_str()?.to_owned(), p[1].as_str()?.to_owned())))
+            .filter_map(|p| {
+                let names = p[1]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|n| n.as_str().map(str::to_owned));
+                Some((p[0].as_str()?.to_owned(), names.collect()))
+            })
             .collect();
         Ok(Spec {
             worker: n("worker")? as usize,
@@ -101,8 +121,23 @@ impl Spec {
             acquire_timeout_ms: n("acquire_timeout_ms")?,
             work_max_us: n("work_max_us")?,
             long_work_per_mille: n("long_work_per_mille")?,
+            long_work_ms: (
+                v["long_work_ms"][0]
+                    .as_u64()
+                    .ok_or("worker spec lacks long_work_ms")?,
+                v["long_work_ms"][1]
+                    .as_u64()
+                    .ok_or("worker spec lacks long_work_ms")?,
+            ),
+            cluster: v["cluster"].as_bool().unwrap_or(false),
+            extend: v["extend"].as_bool().unwrap_or(false),
             seed: n("seed")?,
         })
+    }
+
+    /// The resource counter of lock `lock` of algorithm `alg`.
+    pub fn counter(&self, alg: usize, lock: usize) -> usize {
+        self.algorithms[..alg].iter().map(|(_, l)| l.len()).sum::<usize>() + lock
     }
 }
 
@@ -119,6 +154,17 @@ pub fn cs_id(worker: usize, alg: usize, group: usize, task: usize, seq: u32) -> 
 pub fn cs_worker(cs: u64) -> usize {
     (cs >> 56) as usize
 }
+
+/// The worker, algorithm and group — the client — a critical section ran in.
+pub fn cs_client(cs: u64) -> u64 {
+    cs >> 40
+}
+
+/// Under `extend`, one critical section in this many leans on its lease (see
+/// [`client_task`]).
+const LEAN_ONE_IN: u64 = 8;
+/// ... stopping this long before the lease's `valid_until` (to absorb a late wake-up).
+const LEAN_MARGIN: Duration = Duration::from_millis(50);
 
 type Out = mpsc::Sender<String>;
 
@@ -145,6 +191,7 @@ pub fn main(spec: &str) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    crate::log::init(spec.worker);
     let (out, lines) = mpsc::channel::<String>();
     let writer = std::thread::spawn(move || write_lines(lines));
     let observer = match tokio::runtime::Builder::new_multi_thread()
@@ -268,14 +315,16 @@ async fn group_main(
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     let spec = &shared.spec;
+    let names = spec.algorithms[ai].1.clone();
     let env = LockEnv {
         urls: spec.lock_urls.clone(),
-        name: spec.algorithms[ai].1.clone(),
+        names: names.clone(),
         ttl: Duration::from_millis(spec.ttl_ms),
         response_timeout: Duration::from_millis(spec.response_timeout_ms),
         retry_window: Duration::from_millis(spec.retry_window_ms),
         acquire_timeout: Duration::from_millis(spec.acquire_timeout_ms),
         label: format!("torture-w{}-{}-g{group}", spec.worker, alg.name()),
+        cluster: spec.cluster,
     };
     let mut client = Err(String::new());
     for _ in 0..10 {
@@ -298,12 +347,18 @@ async fn group_main(
     let mut tasks = tokio::task::JoinSet::new();
     let rng = Rng::new(spec.seed).fork(((ai as u64) << 16) | group as u64);
     for task in 0..spec.tasks {
+        // With several locks, the tasks of a group hold different ones at once: one
+        // client, several leases in each renewal tick.
+        let lock = (group * spec.tasks + task) % names.len().max(1);
         tasks.spawn(client_task(
             shared.clone(),
             client.clone(),
-            ai,
-            group,
-            task,
+            Slot {
+                ai,
+                lock,
+                group,
+                task,
+            },
             rng.fork(task as u64),
         ));
     }
@@ -316,13 +371,22 @@ async fn group_main(
     }
 }
 
+/// Where a client task sits: its algorithm, the lock it takes, its group and number.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    ai: usize,
+    lock: usize,
+    group: usize,
+    task: usize,
+}
+
 /// Whether the holder may still act, by what the lock told it.
-fn still_held(held: &dyn Held) -> bool {
+fn still_held(held: &Held) -> bool {
     held.lease().is_none_or(|l| l.is_held())
 }
 
 /// Until when the holder's lease is valid, on the shared clock (0: no lease).
-fn valid_until_ns(held: &dyn Held) -> u64 {
+fn valid_until_ns(held: &Held) -> u64 {
     held.lease().map_or(0, |l| instant_ns(l.valid_until()))
 }
 
@@ -335,20 +399,134 @@ fn reason_name(reason: LostReason) -> Option<&'static str> {
     }
 }
 
-async fn client_task(
-    shared: Arc<Shared>,
-    lock: Arc<dyn LockClient>,
-    ai: usize,
-    group: usize,
-    task: usize,
-    mut rng: Rng,
+/// An extend of the `extend` fault that is running while the critical section goes on.
+type Extending<'a> = FuturesUnordered<BoxFuture<'a, redlease::Result<()>>>;
+
+/// What the extends of one critical section came to.
+#[derive(Debug, Default)]
+struct Extends {
+    ok: u64,
+    /// Failed with "not held" (the lease was lost; it then reports `Gone`).
+    not_held: u64,
+    /// Failed otherwise (Redis unreachable or too slow), or did not finish in time.
+    failed: u64,
+    /// The first failure, for the report.
+    error: Option<String>,
+}
+
+impl Extends {
+    fn record(&mut self, result: redlease::Result<()>) {
+        match result {
+            Ok(()) => self.ok += 1,
+            Err(e) => {
+                if e.is_not_held() {
+                    self.not_held += 1;
+                } else {
+                    self.failed += 1;
+                }
+                self.error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+/// Runs `fut` while the extends left running make progress (and are counted as they
+/// finish): the critical section goes on beside them.
+async fn beside<T>(running: &mut Extending<'_>, extends: &mut Extends, fut: impl Future<Output = T>) -> T {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return out,
+            Some(result) = running.next(), if !running.is_empty() => extends.record(result),
+        }
+    }
+}
+
+/// One extend of the `extend` fault: when into the work it starts, for how long, and
+/// whether the section waits for it or goes on beside it.
+struct ExtendPlan {
+    at: Duration,
+    ttl: Duration,
+    background: bool,
+}
+
+/// 1-4 extends spread over `work`, each for 0.5-3 x TTL (longer or shorter than the
+/// lease's current TTL, which the previous extend set), half of them left running.
+fn plan_extends(rng: &mut Rng, work: Duration, ttl: Duration) -> Vec<ExtendPlan> {
+    let n = 1 + rng.below(4);
+    let mut plan: Vec<ExtendPlan> = (0..n)
+        .map(|_| ExtendPlan {
+            at: rng.between(Duration::ZERO, work),
+            ttl: rng.scaled(ttl, 0.5, 3.0),
+            background: rng.below(2) == 0,
+        })
+        .collect();
+    plan.sort_by_key(|p| p.at);
+    plan
+}
+
+/// The work between a critical section's first and second access: sleeps `work`,
+/// stopping at once if the lease is lost (as an application selecting on `lost()`
+/// would); under the `extend` fault it extends the lease on the way, as planned.
+async fn work<'g>(
+    held: &'g Held,
+    work: Duration,
+    plan: Vec<ExtendPlan>,
+    running: &mut Extending<'g>,
+    extends: &mut Extends,
 ) {
+    let lease = held.lease();
+    let lost = async {
+        match lease {
+            Some(lease) => {
+                lease.lost().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::pin!(lost);
+    let start = tokio::time::Instant::now();
+    for step in plan {
+        let until = start + step.at;
+        let lost_now = beside(running, extends, async {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => false,
+                _ = &mut lost => true,
+            }
+        })
+        .await;
+        if lost_now {
+            return;
+        }
+        let Some(guard) = held.redlease() else { break };
+        let extend = guard.extend(step.ttl);
+        if step.background {
+            running.push(extend);
+        } else {
+            let result = beside(running, extends, extend).await;
+            extends.record(result);
+        }
+    }
+    beside(running, extends, async {
+        tokio::select! {
+            _ = tokio::time::sleep_until(start + work) => {}
+            _ = &mut lost => {}
+        }
+    })
+    .await;
+}
+
+async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot, mut rng: Rng) {
     let spec = &shared.spec;
+    let Slot { ai, group, task, .. } = slot;
+    let counter = spec.counter(ai, slot.lock);
+    let ttl = Duration::from_millis(spec.ttl_ms);
     let fatal = |m: String| {
         let _ = shared.out.send(json!({"t": "fatal", "m": m}).to_string());
         shared.stop.send_replace(true);
     };
-    let mut res = match ResourceConn::connect(&spec.resource, ai).await {
+    let mut res = match ResourceConn::connect(&spec.resource, counter).await {
         Ok(r) => r,
         Err(e) => return fatal(format!("cannot reach the resource: {e}")),
     };
@@ -361,7 +539,7 @@ async fn client_task(
         let acquired = tokio::select! {
             biased;
             _ = stop.wait_for(|s| *s) => break,
-            r = lock.acquire() => r,
+            r = lock.acquire(slot.lock) => r,
         };
         let held = match acquired {
             Ok(held) => held,
@@ -373,7 +551,7 @@ async fn client_task(
                 };
                 let _ = shared
                     .out
-                    .send(json!({"t": "acq", "a": ai, "k": kind, "m": msg}).to_string());
+                    .send(json!({"t": "acq", "a": counter, "k": kind, "m": msg}).to_string());
                 if kind != "timeout" {
                     tokio::time::sleep(rng.between(Duration::from_millis(20), Duration::from_millis(100)))
                         .await;
@@ -391,15 +569,34 @@ async fn client_task(
             })
         });
 
+        // The work between the read and the write; now and then a long one, that needs
+        // its lease renewed. Under the `extend` fault the holder also extends its lease
+        // on the way, some extends left running beside the rest of the section.
+        let work_for = if rng.below(1000) < spec.long_work_per_mille {
+            rng.between(
+                Duration::from_millis(spec.long_work_ms.0),
+                Duration::from_millis(spec.long_work_ms.1),
+            )
+        } else {
+            Duration::from_micros(rng.below(spec.work_max_us + 1))
+        };
+        let plan = if spec.extend && held.redlease().is_some() {
+            plan_extends(&mut rng, work_for, ttl)
+        } else {
+            Vec::new()
+        };
+        let mut extends = Extends::default();
+        let mut running: Extending<'_> = FuturesUnordered::new();
+
         let mut report = Map::new();
         let role = held.role();
         let outcome = 'cs: {
-            if !still_held(&*held) {
+            if !still_held(&held) {
                 break 'cs "abandoned";
             }
             let first = match role {
-                Role::Writer => res.read(cs, fence, valid_until_ns(&*held)).await,
-                Role::Occupant => res.mark(Op::Begin, cs, valid_until_ns(&*held)).await,
+                Role::Writer => res.read(cs, fence, valid_until_ns(&held)).await,
+                Role::Occupant => res.mark(Op::Begin, cs, valid_until_ns(&held)).await,
             };
             let value = match first {
                 Ok(Reply::Accepted { value }) => value,
@@ -412,28 +609,12 @@ async fn client_task(
                     break 'cs "io";
                 }
             };
-            // The work between the read and the write; now and then a long one, that
-            // needs its lease renewed. A holder told that its lease is lost stops, as an
-            // application selecting on `lost()` would.
-            let work = if rng.below(1000) < spec.long_work_per_mille {
-                rng.scaled(Duration::from_millis(spec.ttl_ms), 0.3, 0.7)
-            } else {
-                Duration::from_micros(rng.below(spec.work_max_us + 1))
-            };
-            match held.lease() {
-                Some(lease) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(work) => {}
-                        _ = lease.lost() => {}
-                    }
-                }
-                None => tokio::time::sleep(work).await,
-            }
-            if !still_held(&*held) {
+            work(&held, work_for, plan, &mut running, &mut extends).await;
+            if !still_held(&held) {
                 // Tokenless holders are inside since their first access: one that learns
                 // its lease is lost leaves at once (not a completed critical section).
                 if role == Role::Occupant
-                    && let Err(e) = res.mark(Op::Leave, cs, valid_until_ns(&*held)).await
+                    && let Err(e) = res.mark(Op::Leave, cs, valid_until_ns(&held)).await
                 {
                     fatal(format!("resource access failed: {e}"));
                     break 'cs "io";
@@ -458,9 +639,34 @@ async fn client_task(
                 let _ = shared.out.send(json!({"t": "stall", "a": ai}).to_string());
                 std::thread::sleep(Duration::from_millis(stall));
             }
+            // extend: now and then the holder leans on the lease it was told it has —
+            // its whole client frozen (renewals too) until just before `valid_until` —
+            // then writes. If the server's lease were shorter than the one the extends
+            // and renewals confirmed, another holder would get in meanwhile and this
+            // write, still within the holder's lease, would be refused: a violation.
+            if spec.extend
+                && rng.below(LEAN_ONE_IN) == 0
+                && let Some(lease) = held.lease()
+            {
+                let left = lease
+                    .valid_until()
+                    .saturating_duration_since(std::time::Instant::now());
+                let lean = left.saturating_sub(LEAN_MARGIN).min(ttl * 3);
+                if lean >= LEAN_MARGIN {
+                    report.insert("lean".into(), (lean.as_micros() as u64).into());
+                    report.insert("lean_ns".into(), mono_ns().into());
+                    std::thread::sleep(lean);
+                }
+            }
             let second = match role {
-                Role::Writer => res.write(cs, fence, value + 1, valid_until_ns(&*held)).await,
-                Role::Occupant => res.mark(Op::End, cs, valid_until_ns(&*held)).await,
+                Role::Writer => {
+                    let write = res.write(cs, fence, value + 1, valid_until_ns(&held));
+                    beside(&mut running, &mut extends, write).await
+                }
+                Role::Occupant => {
+                    let end = res.mark(Op::End, cs, valid_until_ns(&held));
+                    beside(&mut running, &mut extends, end).await
+                }
             };
             match second {
                 Ok(Reply::Accepted { .. }) => "ok",
@@ -474,7 +680,33 @@ async fn client_task(
                 }
             }
         };
+        // Extends still running finish before the release (one that does not within 10 s
+        // counts as failed).
+        let by = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !running.is_empty() {
+            match tokio::time::timeout_at(by, running.next()).await {
+                Ok(Some(result)) => extends.record(result),
+                Ok(None) => break,
+                Err(_) => {
+                    extends.failed += running.len() as u64;
+                    extends
+                        .error
+                        .get_or_insert_with(|| "extend did not finish within 10 s".into());
+                    break;
+                }
+            }
+        }
+        drop(running);
+        // A lease that ran past `valid_until` unconfirmed is lost, whether or not its
+        // `lost()` has fired yet: make it say so before the release would end it as
+        // released (and its loss went unrecorded).
+        if let Some(lease) = held.lease()
+            && !lease.is_held()
+        {
+            lease.lost().await;
+        }
         let release = held.release().await;
+        let released_ns = mono_ns();
         if let Some(watcher) = watcher
             && let Ok(Ok((reason, at))) = tokio::time::timeout(Duration::from_secs(10), watcher).await
             && let Some(name) = reason_name(reason)
@@ -485,16 +717,68 @@ async fn client_task(
         if held_lease {
             report.insert("l".into(), true.into());
         }
+        if extends.ok + extends.not_held + extends.failed > 0 {
+            report.insert("ext".into(), extends.ok.into());
+            report.insert("ext_nh".into(), extends.not_held.into());
+            report.insert("ext_err".into(), extends.failed.into());
+            if let Some(e) = extends.error {
+                report.insert("ext_m".into(), e.into());
+            }
+        }
         report.insert("t".into(), "cs".into());
-        report.insert("a".into(), ai.into());
+        report.insert("a".into(), counter.into());
         report.insert("cs".into(), cs.into());
         report.insert("o".into(), outcome.into());
         report.insert("start".into(), start_ns.into());
         report.insert("got".into(), acquired_ns.into());
         report.insert("rel".into(), release.name().into());
+        report.insert("rel_ns".into(), released_ns.into());
         let _ = shared.out.send(Value::Object(report).to_string());
         if outcome == "io" {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_survives_its_json_and_numbers_every_lock() {
+        let spec = Spec {
+            worker: 1,
+            lock_urls: vec!["redis://127.0.0.1:1".into(), "redis://127.0.0.1:2".into()],
+            resource: "127.0.0.1:3".into(),
+            algorithms: vec![
+                ("redlease".into(), vec!["a-0".into(), "a-1".into()]),
+                ("redlease-fair".into(), vec!["b-0".into(), "b-1".into()]),
+            ],
+            groups: 2,
+            tasks: 3,
+            ttl_ms: 1000,
+            response_timeout_ms: 250,
+            retry_window_ms: 1500,
+            acquire_timeout_ms: 10_000,
+            work_max_us: 2000,
+            long_work_per_mille: 300,
+            long_work_ms: (300, 1200),
+            cluster: true,
+            extend: false,
+            seed: 7,
+        };
+        let back = Spec::from_json(&spec.to_json()).expect("valid spec");
+        assert_eq!(back.algorithms, spec.algorithms);
+        assert_eq!(back.long_work_ms, (300, 1200));
+        assert!(back.cluster && !back.extend);
+        assert_eq!(
+            [
+                back.counter(0, 0),
+                back.counter(0, 1),
+                back.counter(1, 0),
+                back.counter(1, 1)
+            ],
+            [0, 1, 2, 3]
+        );
     }
 }

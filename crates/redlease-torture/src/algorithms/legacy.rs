@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use redlease::{Client, Lease, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
+use redlease::{Client, LegacyLock, LegacyOptions, TimestampUnit};
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, acquire_error, classify,
-    naive_connection, outlives_lease, poll_delay, redlease_client, release_outcome,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, NaiveHeld, ReleaseOutcome, Role,
+    acquire_error, classify, naive_connection, outlives_lease, poll_delay, redlease_client,
 };
 use crate::clock::wall_ms;
 use crate::faults::Fault;
@@ -55,8 +55,9 @@ impl Algorithm for RedleaseLegacy {
         "conditional"
     }
 
-    fn supports(&self, _fault: Fault) -> bool {
-        true
+    fn supports(&self, fault: Fault) -> bool {
+        // LegacyLock is not one of the primitives redlease runs on Redis Cluster.
+        fault != Fault::Cluster
     }
 
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
@@ -66,8 +67,11 @@ impl Algorithm for RedleaseLegacy {
                 .unit(TimestampUnit::Milliseconds)
                 .timeout(env.ttl)
                 .poll_interval(Duration::from_millis(20));
-            let lock = client
-                .legacy_lock(&env.name, options)
+            let lock = env
+                .names
+                .iter()
+                .map(|name| client.legacy_lock(name, options))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(LegacyClient {
                 _client: client,
@@ -80,34 +84,18 @@ impl Algorithm for RedleaseLegacy {
 
 struct LegacyClient {
     _client: Client,
-    lock: LegacyLock,
+    lock: Vec<LegacyLock>,
     timeout: Duration,
 }
 
 impl LockClient for LegacyClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
-            match self.lock.lock_timeout(self.timeout).await {
-                Ok(guard) => Ok(Box::new(LegacyHeld(guard)) as Box<dyn Held>),
+            match self.lock[lock].lock_timeout(self.timeout).await {
+                Ok(guard) => Ok(Held::guard(guard, Role::Writer)),
                 Err(e) => Err(acquire_error(e)),
             }
         })
-    }
-}
-
-struct LegacyHeld(LegacyGuard);
-
-impl Held for LegacyHeld {
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
     }
 }
 
@@ -119,7 +107,7 @@ impl Algorithm for NaiveLegacy {
     }
 
     fn describe(&self) -> &'static str {
-        "the seeds' old client: SETNX <now+timeout+1>, GET + GETSET takeover, DEL; its own clock; no renewal, no token"
+        "the old client of the timestamp protocol: SETNX <now+timeout+1>, GET + GETSET takeover, DEL; its own clock; no renewal, no token"
     }
 
     fn fenced(&self) -> bool {
@@ -130,15 +118,16 @@ impl Algorithm for NaiveLegacy {
         false
     }
 
-    fn supports(&self, _fault: Fault) -> bool {
-        true
+    fn supports(&self, fault: Fault) -> bool {
+        // Not a redlease guard (nothing to extend), and a single-server client.
+        !matches!(fault, Fault::Cluster | Fault::Extend)
     }
 
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
         Box::pin(async move {
             Ok(Arc::new(OldClient {
                 conn: naive_connection(env).await?,
-                key: format!("naive:{}", env.name),
+                keys: env.names.iter().map(|n| format!("naive:{n}")).collect(),
                 timeout_ms: env.ttl.as_millis() as u64,
                 acquire_timeout: env.acquire_timeout,
             }) as Arc<dyn LockClient>)
@@ -149,7 +138,7 @@ impl Algorithm for NaiveLegacy {
 /// The old client, in milliseconds.
 struct OldClient {
     conn: ConnectionManager,
-    key: String,
+    keys: Vec<String>,
     timeout_ms: u64,
     acquire_timeout: Duration,
 }
@@ -161,12 +150,12 @@ fn stamp(value: &Option<String>) -> Option<u64> {
 impl OldClient {
     /// One pass: `SETNX`; else `GET`, and if the stamp is older than my clock, `GETSET`
     /// (won if it returned an expired stamp). Returns my stamp when I won.
-    async fn try_lock(&self, conn: &mut ConnectionManager) -> redis::RedisResult<Option<u64>> {
+    async fn try_lock(&self, conn: &mut ConnectionManager, key: &str) -> redis::RedisResult<Option<u64>> {
         let mine = wall_ms() + self.timeout_ms + 1;
-        if conn.set_nx::<_, _, bool>(&self.key, mine).await? {
+        if conn.set_nx::<_, _, bool>(key, mine).await? {
             return Ok(Some(mine));
         }
-        let current: Option<String> = conn.get(&self.key).await?;
+        let current: Option<String> = conn.get(key).await?;
         // Held by a live stamp, freed meanwhile (the next pass's SETNX takes it), or
         // not a stamp at all: try again later.
         if stamp(&current).is_none_or(|t| t >= wall_ms()) {
@@ -174,11 +163,7 @@ impl OldClient {
         }
         let now = wall_ms();
         let mine = now + self.timeout_ms + 1;
-        let old: Option<String> = redis::cmd("GETSET")
-            .arg(&self.key)
-            .arg(mine)
-            .query_async(conn)
-            .await?;
+        let old: Option<String> = redis::cmd("GETSET").arg(key).arg(mine).query_async(conn).await?;
         Ok(match stamp(&old) {
             None if old.is_none() => Some(mine),
             Some(t) if t < now => Some(mine),
@@ -188,17 +173,21 @@ impl OldClient {
 }
 
 impl LockClient for OldClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let deadline = Instant::now() + self.acquire_timeout;
             loop {
-                if let Some(mine) = self.try_lock(&mut conn).await.map_err(|e| classify(&e))? {
-                    return Ok(Box::new(OldLock {
+                if let Some(mine) = self
+                    .try_lock(&mut conn, &self.keys[lock])
+                    .await
+                    .map_err(|e| classify(&e))?
+                {
+                    return Ok(Held::naive(OldLock {
                         conn,
-                        key: self.key.clone(),
+                        key: self.keys[lock].clone(),
                         mine,
-                    }) as Box<dyn Held>);
+                    }));
                 }
                 if Instant::now() >= deadline {
                     return Err(AcquireError::Timeout);
@@ -215,15 +204,7 @@ struct OldLock {
     mine: u64,
 }
 
-impl Held for OldLock {
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        None
-    }
-
+impl NaiveHeld for OldLock {
     fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
         Box::pin(async move {
             // The seed's advice: DEL only if my timeout has not expired (by my clock).

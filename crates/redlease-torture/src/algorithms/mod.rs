@@ -1,7 +1,9 @@
 //! The locks under test, behind one small interface.
 //!
-//! Adding an algorithm is one module here that implements [`Algorithm`], [`LockClient`]
-//! and [`Held`], plus one line in [`all`]. The harness does the rest: clients in tasks
+//! Adding an algorithm is one module here that implements [`Algorithm`] and
+//! [`LockClient`], plus one line in [`all`]: a redlease lock hands back its guard as a
+//! [`Held::guard`] (any guard, through the common [`redlease::Guard`] surface), a
+//! baseline its own [`NaiveHeld`]. The harness does the rest: clients in tasks
 //! and processes, the resource, faults and the checker.
 //!
 //! A holder either read-increment-writes the counter with its fencing token
@@ -27,6 +29,10 @@ mod redlease_mutex;
 mod redlease_redlock;
 mod redlease_rwlock;
 mod redlease_semaphore;
+
+/// The key prefix of every redlease lock of the run: lock `name` lives at
+/// `torture:<name>`.
+pub const PREFIX: &str = "torture:";
 
 /// A boxed, sendable future (the interface is object-safe so algorithms can be listed).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -69,8 +75,10 @@ pub struct LockEnv {
     /// One URL per lock server, each through its own fault proxy; an algorithm uses the
     /// first [`Algorithm::servers`] of them.
     pub urls: Vec<String>,
-    /// The lock's name (each algorithm gets its own).
-    pub name: String,
+    /// The names of the locks its clients take (each algorithm gets its own); a
+    /// client task takes always the same one of them. One client serves them all, so
+    /// its renewal ticks carry the leases of several locks.
+    pub names: Vec<String>,
     pub ttl: Duration,
     /// How long a client waits for one reply before treating it as lost.
     pub response_timeout: Duration,
@@ -81,6 +89,9 @@ pub struct LockEnv {
     pub acquire_timeout: Duration,
     /// A label for the client (worker/group), for owner metadata.
     pub label: String,
+    /// The URLs are a Redis Cluster's masters (only algorithms that support
+    /// [`Fault::Cluster`] are connected to one).
+    pub cluster: bool,
 }
 
 /// A lock algorithm under test.
@@ -124,9 +135,11 @@ pub trait Algorithm: Send + Sync {
         1
     }
 
-    /// Whether runs under `fault` apply to it.
+    /// Whether runs under `fault` apply to it (default: every fault but `clock`, which
+    /// only old-style clients feel, `cluster`, which needs Redis Cluster support, and
+    /// `extend`, which needs a redlease guard).
     fn supports(&self, fault: Fault) -> bool {
-        fault != Fault::Clock
+        !matches!(fault, Fault::Clock | Fault::Cluster | Fault::Extend)
     }
 
     /// Connects one client; the tasks of a group share it.
@@ -147,8 +160,9 @@ pub trait Algorithm: Send + Sync {
 
 /// One client of an algorithm.
 pub trait LockClient: Send + Sync {
-    /// Waits for the lock, at most the environment's acquire timeout.
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>>;
+    /// Waits for lock `lock` (an index into the environment's names), at most the
+    /// environment's acquire timeout.
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>>;
 }
 
 /// What a holder does with the counter.
@@ -160,19 +174,77 @@ pub enum Role {
     Occupant,
 }
 
-/// A held lock.
-pub trait Held: Send {
-    /// What the holder does in its critical section.
-    fn role(&self) -> Role {
-        Role::Writer
+/// A held lock: a redlease guard of any kind, or a naive baseline's lock.
+///
+/// Every redlease algorithm's holding is the same adapter over the surface every
+/// redlease guard shares ([`redlease::Guard`]): its fencing token (if the primitive has
+/// one), its lease, `extend`, `release`. Only the role — what the holder does with the
+/// counter — comes from the algorithm. The baselines are not redlease guards; they have
+/// no lease and no token, and only release.
+pub enum Held {
+    /// Any redlease guard, in the role its algorithm gave it.
+    Guard {
+        guard: Box<dyn redlease::Guard>,
+        role: Role,
+    },
+    /// A naive baseline's lock.
+    Naive(Box<dyn NaiveHeld>),
+}
+
+impl Held {
+    /// A redlease guard held in `role`.
+    pub fn guard(guard: impl redlease::Guard + 'static, role: Role) -> Held {
+        Held::Guard {
+            guard: Box::new(guard),
+            role,
+        }
     }
 
-    /// The fencing token handed to the resource (0 when the algorithm has none).
-    fn fence(&self) -> u64;
+    /// A naive baseline's lock.
+    pub fn naive(held: impl NaiveHeld + 'static) -> Held {
+        Held::Naive(Box::new(held))
+    }
 
-    /// The lease, when the algorithm tells its holder until when it may act.
-    fn lease(&self) -> Option<&Lease>;
+    /// What the holder does in its critical section (a baseline's holder writes).
+    pub fn role(&self) -> Role {
+        match self {
+            Held::Guard { role, .. } => *role,
+            Held::Naive(_) => Role::Writer,
+        }
+    }
 
+    /// The fencing token handed to the resource (0 when the lock has none).
+    pub fn fence(&self) -> u64 {
+        match self {
+            Held::Guard { guard, .. } => guard.fence().map_or(0, u64::from),
+            Held::Naive(_) => 0,
+        }
+    }
+
+    /// The lease, when the lock tells its holder until when it may act.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.redlease().map(redlease::Guard::lease)
+    }
+
+    /// The redlease guard, if this is one.
+    pub fn redlease(&self) -> Option<&dyn redlease::Guard> {
+        match self {
+            Held::Guard { guard, .. } => Some(&**guard),
+            Held::Naive(_) => None,
+        }
+    }
+
+    /// Releases the lock.
+    pub async fn release(self) -> ReleaseOutcome {
+        match self {
+            Held::Guard { guard, .. } => release_outcome(guard.release().await),
+            Held::Naive(held) => held.release().await,
+        }
+    }
+}
+
+/// A naive baseline's held lock: no lease, no token, only a release.
+pub trait NaiveHeld: Send + Sync {
     /// Releases the lock.
     fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome>;
 }
@@ -246,12 +318,16 @@ pub(crate) fn release_outcome(r: redlease::Result<()>) -> ReleaseOutcome {
     }
 }
 
-/// A redlease client for the first lock server, as every redlease algorithm here
-/// configures it.
+/// A redlease client as every redlease algorithm here configures it: for the first lock
+/// server, or for the Redis Cluster whose masters are the environment's URLs.
 pub(crate) async fn redlease_client(env: &LockEnv) -> Result<redlease::Client, String> {
-    let redis = redis::Client::open(env.urls[0].as_str()).map_err(|e| e.to_string())?;
-    redlease::Client::builder(redis)
-        .prefix("torture:")
+    let builder = if env.cluster {
+        redlease::Client::cluster_builder(env.urls.iter().map(String::as_str)).map_err(|e| e.to_string())?
+    } else {
+        redlease::Client::builder(redis::Client::open(env.urls[0].as_str()).map_err(|e| e.to_string())?)
+    };
+    builder
+        .prefix(PREFIX)
         .owner_label(env.label.clone())
         .response_timeout(Some(env.response_timeout))
         .retry_window(env.retry_window)

@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, classify,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, NaiveHeld, ReleaseOutcome, classify,
     naive_connection, poll_delay,
 };
 
@@ -26,7 +26,7 @@ impl Algorithm for NaiveGetDel {
     }
 
     fn describe(&self) -> &'static str {
-        "SET NX PX with a random value, retried on timeout (a retried nil = failure); release by GET then DEL; no token (seeds 002/003)"
+        "SET NX PX with a random value, retried on timeout (a retried nil = failure); release by GET then DEL; no token"
     }
 
     fn fenced(&self) -> bool {
@@ -41,7 +41,7 @@ impl Algorithm for NaiveGetDel {
         Box::pin(async move {
             Ok(Arc::new(Client {
                 conn: naive_connection(env).await?,
-                key: format!("naive:{}", env.name),
+                keys: env.names.iter().map(|n| format!("naive:{n}")).collect(),
                 ttl_ms: env.ttl.as_millis() as u64,
                 timeout: env.acquire_timeout,
             }) as Arc<dyn LockClient>)
@@ -51,7 +51,7 @@ impl Algorithm for NaiveGetDel {
 
 struct Client {
     conn: ConnectionManager,
-    key: String,
+    keys: Vec<String>,
     ttl_ms: u64,
     timeout: Duration,
 }
@@ -77,7 +77,7 @@ async fn set_with_retry(
 }
 
 impl LockClient for Client {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let value = format!(
@@ -87,15 +87,15 @@ impl LockClient for Client {
             );
             let deadline = Instant::now() + self.timeout;
             loop {
-                if set_with_retry(&mut conn, &self.key, &value, self.ttl_ms)
+                if set_with_retry(&mut conn, &self.keys[lock], &value, self.ttl_ms)
                     .await
                     .map_err(|e| classify(&e))?
                 {
-                    return Ok(Box::new(Lock {
+                    return Ok(Held::naive(Lock {
                         conn,
-                        key: self.key.clone(),
+                        key: self.keys[lock].clone(),
                         value,
-                    }) as Box<dyn Held>);
+                    }));
                 }
                 if Instant::now() >= deadline {
                     return Err(AcquireError::Timeout);
@@ -112,15 +112,7 @@ struct Lock {
     value: String,
 }
 
-impl Held for Lock {
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&redlease::Lease> {
-        None
-    }
-
+impl NaiveHeld for Lock {
     fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
         Box::pin(async move {
             let mut conn = self.conn;

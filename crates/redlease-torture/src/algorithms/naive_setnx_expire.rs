@@ -13,6 +13,7 @@
 //! recognise a lock that stays immortal and break it, as an operator would; the
 //! algorithm itself never reads it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, classify,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, NaiveHeld, ReleaseOutcome, classify,
     naive_connection, poll_delay,
 };
 
@@ -31,8 +32,9 @@ const STUCK_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 pub struct NaiveSetnxExpire {
-    /// An immortal-looking lock seen by `repair`: its value and when it was first seen.
-    suspect: std::sync::Mutex<Option<(String, Instant)>>,
+    /// Immortal-looking locks seen by `repair`, by key: the value and when it was
+    /// first seen.
+    suspect: std::sync::Mutex<HashMap<String, (String, Instant)>>,
 }
 
 fn key(name: &str) -> String {
@@ -45,7 +47,7 @@ impl Algorithm for NaiveSetnxExpire {
     }
 
     fn describe(&self) -> &'static str {
-        "SETNX, then a separate EXPIRE; release by plain DEL; polls; no renewal, no token (seed 003)"
+        "SETNX, then a separate EXPIRE; release by plain DEL; polls; no renewal, no token"
     }
 
     fn fenced(&self) -> bool {
@@ -60,7 +62,7 @@ impl Algorithm for NaiveSetnxExpire {
         Box::pin(async move {
             Ok(Arc::new(Client {
                 conn: naive_connection(env).await?,
-                key: key(&env.name),
+                keys: env.names.iter().map(|n| key(n)).collect(),
                 ttl_secs: env.ttl.as_secs().max(1),
                 timeout: env.acquire_timeout,
                 label: env.label.clone(),
@@ -82,17 +84,17 @@ impl Algorithm for NaiveSetnxExpire {
                 return 0;
             };
             let stuck_value = {
-                let mut suspect = self.suspect.lock().expect("suspect lock");
+                let mut suspects = self.suspect.lock().expect("suspect lock");
                 match (value, pttl) {
-                    (Some(v), -1) => match &*suspect {
+                    (Some(v), -1) => match suspects.get(&key) {
                         Some((seen, since)) if *seen == v => (since.elapsed() >= STUCK_AFTER).then_some(v),
                         _ => {
-                            *suspect = Some((v, Instant::now()));
+                            suspects.insert(key.clone(), (v, Instant::now()));
                             None
                         }
                     },
                     _ => {
-                        *suspect = None;
+                        suspects.remove(&key);
                         None
                     }
                 }
@@ -102,7 +104,7 @@ impl Algorithm for NaiveSetnxExpire {
                 "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
             );
             let deleted: i64 = script.key(&key).arg(&v).invoke_async(conn).await.unwrap_or(0);
-            *self.suspect.lock().expect("suspect lock") = None;
+            self.suspect.lock().expect("suspect lock").remove(&key);
             deleted as u64
         })
     }
@@ -110,7 +112,7 @@ impl Algorithm for NaiveSetnxExpire {
 
 struct Client {
     conn: ConnectionManager,
-    key: String,
+    keys: Vec<String>,
     ttl_secs: u64,
     timeout: Duration,
     label: String,
@@ -118,23 +120,26 @@ struct Client {
 }
 
 impl LockClient for Client {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             let deadline = Instant::now() + self.timeout;
             loop {
                 let value = format!("{}:{}", self.label, self.seq.fetch_add(1, Ordering::Relaxed));
-                let won: bool = conn.set_nx(&self.key, &value).await.map_err(|e| classify(&e))?;
+                let won: bool = conn
+                    .set_nx(&self.keys[lock], &value)
+                    .await
+                    .map_err(|e| classify(&e))?;
                 if won {
                     // The gap: an error here leaves a lock that never expires.
                     let _: bool = conn
-                        .expire(&self.key, self.ttl_secs as i64)
+                        .expire(&self.keys[lock], self.ttl_secs as i64)
                         .await
                         .map_err(|e| classify(&e))?;
-                    return Ok(Box::new(Lock {
+                    return Ok(Held::naive(Lock {
                         conn,
-                        key: self.key.clone(),
-                    }) as Box<dyn Held>);
+                        key: self.keys[lock].clone(),
+                    }));
                 }
                 if Instant::now() >= deadline {
                     return Err(AcquireError::Timeout);
@@ -150,15 +155,7 @@ struct Lock {
     key: String,
 }
 
-impl Held for Lock {
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&redlease::Lease> {
-        None
-    }
-
+impl NaiveHeld for Lock {
     fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
         Box::pin(async move {
             let mut conn = self.conn;

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{Client, FairMutex, FairMutexGuard, Lease, LeaseOptions};
+use redlease::{Client, FairMutex, LeaseOptions};
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, acquire_error,
-    redlease_client, release_outcome,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, Role, acquire_error, redlease_client,
 };
+use crate::faults::Fault;
 
 pub struct RedleaseFair;
 
@@ -31,11 +31,18 @@ impl Algorithm for RedleaseFair {
         true
     }
 
+    fn supports(&self, fault: Fault) -> bool {
+        fault != Fault::Clock
+    }
+
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
         Box::pin(async move {
             let client = redlease_client(env).await?;
-            let mutex = client
-                .fair_mutex_with(&env.name, LeaseOptions::new().ttl(env.ttl))
+            let mutex = env
+                .names
+                .iter()
+                .map(|name| client.fair_mutex_with(name, LeaseOptions::new().ttl(env.ttl)))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(FairClient {
                 _client: client,
@@ -48,33 +55,17 @@ impl Algorithm for RedleaseFair {
 
 struct FairClient {
     _client: Client,
-    mutex: FairMutex,
+    mutex: Vec<FairMutex>,
     timeout: Duration,
 }
 
 impl LockClient for FairClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
-            match self.mutex.lock_timeout(self.timeout).await {
-                Ok(guard) => Ok(Box::new(FairHeld(guard)) as Box<dyn Held>),
+            match self.mutex[lock].lock_timeout(self.timeout).await {
+                Ok(guard) => Ok(Held::guard(guard, Role::Writer)),
                 Err(e) => Err(acquire_error(e)),
             }
         })
-    }
-}
-
-struct FairHeld(FairMutexGuard);
-
-impl Held for FairHeld {
-    fn fence(&self) -> u64 {
-        self.0.fence().into()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
     }
 }

@@ -5,9 +5,14 @@
 
 use std::sync::Arc;
 
-use redlease::{Client, Lease, LeaseOptions, Mutex, MutexGuard};
+use std::time::Duration;
 
-use super::{AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome};
+use redlease::{Client, LeaseOptions, Mutex};
+
+use super::{
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, Role, acquire_error, redlease_client,
+};
+use crate::faults::Fault;
 
 pub struct RedleaseMutex {
     pub fenced: bool,
@@ -38,19 +43,19 @@ impl Algorithm for RedleaseMutex {
         self.fenced
     }
 
+    fn supports(&self, fault: Fault) -> bool {
+        // The cluster phase runs the fenced mutex; the unfenced one would only repeat it.
+        fault != Fault::Clock && (self.fenced || fault != Fault::Cluster)
+    }
+
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
         Box::pin(async move {
-            let redis = redis::Client::open(env.urls[0].as_str()).map_err(|e| e.to_string())?;
-            let client = Client::builder(redis)
-                .prefix("torture:")
-                .owner_label(env.label.clone())
-                .response_timeout(Some(env.response_timeout))
-                .retry_window(env.retry_window)
-                .build()
-                .await
-                .map_err(|e| e.to_string())?;
-            let mutex = client
-                .mutex_with(&env.name, LeaseOptions::new().ttl(env.ttl))
+            let client = redlease_client(env).await?;
+            let mutex = env
+                .names
+                .iter()
+                .map(|name| client.mutex_with(name, LeaseOptions::new().ttl(env.ttl)))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(RedleaseClient {
                 _client: client,
@@ -63,40 +68,16 @@ impl Algorithm for RedleaseMutex {
 
 struct RedleaseClient {
     _client: Client,
-    mutex: Mutex,
-    timeout: std::time::Duration,
+    mutex: Vec<Mutex>,
+    timeout: Duration,
 }
 
 impl LockClient for RedleaseClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
-            match self.mutex.lock_timeout(self.timeout).await {
-                Ok(guard) => Ok(Box::new(RedleaseHeld(guard)) as Box<dyn Held>),
-                Err(e) if e.is_timeout() => Err(AcquireError::Timeout),
-                Err(e) if e.is_unavailable() => Err(AcquireError::Unavailable(e.to_string())),
-                Err(e) => Err(AcquireError::Other(e.to_string())),
-            }
-        })
-    }
-}
-
-struct RedleaseHeld(MutexGuard);
-
-impl Held for RedleaseHeld {
-    fn fence(&self) -> u64 {
-        self.0.fence().into()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move {
-            match self.0.release().await {
-                Ok(()) => ReleaseOutcome::Released,
-                Err(e) if e.is_not_held() => ReleaseOutcome::NotHeld,
-                Err(_) => ReleaseOutcome::Failed,
+            match self.mutex[lock].lock_timeout(self.timeout).await {
+                Ok(guard) => Ok(Held::guard(guard, Role::Writer)),
+                Err(e) => Err(acquire_error(e)),
             }
         })
     }

@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{Lease, LeaseOptions, Redlock, RedlockGuard, RedlockMutex};
+use redlease::{LeaseOptions, Redlock, RedlockMutex};
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, acquire_error,
-    outlives_lease, release_outcome,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, PREFIX, Role, acquire_error,
+    outlives_lease,
 };
 use crate::faults::Fault;
 
@@ -51,6 +51,11 @@ impl Algorithm for RedleaseRedlock {
         "conditional"
     }
 
+    fn supports(&self, fault: Fault) -> bool {
+        // Redlock's masters are independent servers, not a cluster.
+        !matches!(fault, Fault::Clock | Fault::Cluster)
+    }
+
     fn servers(&self) -> usize {
         MASTERS
     }
@@ -64,13 +69,16 @@ impl Algorithm for RedleaseRedlock {
                 .map_err(|e| e.to_string())?;
             let label = env.label.clone();
             let redlock =
-                Redlock::connect_with(masters, move |b| b.prefix("torture:").owner_label(label.clone()))
+                Redlock::connect_with(masters, move |b| b.prefix(PREFIX).owner_label(label.clone()))
                     .await
                     .map_err(|e| e.to_string())?
                     // As for the other clients: a reply later than this counts as lost.
                     .node_timeout(env.response_timeout.min(env.ttl / 10));
-            let mutex = redlock
-                .mutex_with(&env.name, LeaseOptions::new().ttl(env.ttl))
+            let mutex = env
+                .names
+                .iter()
+                .map(|name| redlock.mutex_with(name, LeaseOptions::new().ttl(env.ttl)))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(RedlockClient {
                 mutex,
@@ -81,33 +89,17 @@ impl Algorithm for RedleaseRedlock {
 }
 
 struct RedlockClient {
-    mutex: RedlockMutex,
+    mutex: Vec<RedlockMutex>,
     timeout: Duration,
 }
 
 impl LockClient for RedlockClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
-            match self.mutex.lock_timeout(self.timeout).await {
-                Ok(guard) => Ok(Box::new(RedlockHeld(guard)) as Box<dyn Held>),
+            match self.mutex[lock].lock_timeout(self.timeout).await {
+                Ok(guard) => Ok(Held::guard(guard, Role::Writer)),
                 Err(e) => Err(acquire_error(e)),
             }
         })
-    }
-}
-
-struct RedlockHeld(RedlockGuard);
-
-impl Held for RedlockHeld {
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
     }
 }

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{Client, Lease, LeaseOptions, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use redlease::{Client, LeaseOptions, RwLock};
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, Role, acquire_error,
-    redlease_client, release_outcome,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, Role, acquire_error, redlease_client,
 };
 use crate::checker::Check;
+use crate::faults::Fault;
 
 pub struct RedleaseRwLock;
 
@@ -41,11 +41,18 @@ impl Algorithm for RedleaseRwLock {
         Check::RwLock
     }
 
+    fn supports(&self, fault: Fault) -> bool {
+        fault != Fault::Clock
+    }
+
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
         Box::pin(async move {
             let client = redlease_client(env).await?;
-            let lock = client
-                .rwlock_with(&env.name, LeaseOptions::new().ttl(env.ttl))
+            let lock = env
+                .names
+                .iter()
+                .map(|name| client.rwlock_with(name, LeaseOptions::new().ttl(env.ttl)))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(RwClient {
                 _client: client,
@@ -58,60 +65,24 @@ impl Algorithm for RedleaseRwLock {
 
 struct RwClient {
     _client: Client,
-    lock: RwLock,
+    lock: Vec<RwLock>,
     timeout: Duration,
 }
 
 impl LockClient for RwClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
             if getrandom::u64().unwrap_or(0) % 3 == 0 {
-                match self.lock.write_timeout(self.timeout).await {
-                    Ok(guard) => Ok(Box::new(Writing(guard)) as Box<dyn Held>),
+                match self.lock[lock].write_timeout(self.timeout).await {
+                    Ok(guard) => Ok(Held::guard(guard, Role::Writer)),
                     Err(e) => Err(acquire_error(e)),
                 }
             } else {
-                match self.lock.read_timeout(self.timeout).await {
-                    Ok(guard) => Ok(Box::new(Reading(guard)) as Box<dyn Held>),
+                match self.lock[lock].read_timeout(self.timeout).await {
+                    Ok(guard) => Ok(Held::guard(guard, Role::Occupant)),
                     Err(e) => Err(acquire_error(e)),
                 }
             }
         })
-    }
-}
-
-struct Writing(RwLockWriteGuard);
-
-impl Held for Writing {
-    fn fence(&self) -> u64 {
-        self.0.fence().into()
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
-    }
-}
-
-struct Reading(RwLockReadGuard);
-
-impl Held for Reading {
-    fn role(&self) -> Role {
-        Role::Occupant
-    }
-
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
     }
 }

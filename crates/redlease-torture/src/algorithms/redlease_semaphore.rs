@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{Client, Lease, LeaseOptions, Permit, Semaphore};
+use redlease::{Client, LeaseOptions, Semaphore};
 
 use super::{
-    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, ReleaseOutcome, Role, acquire_error,
-    outlives_lease, redlease_client, release_outcome,
+    AcquireError, Algorithm, BoxFuture, Held, LockClient, LockEnv, Role, acquire_error, outlives_lease,
+    redlease_client,
 };
 use crate::checker::Check;
 use crate::faults::Fault;
@@ -56,11 +56,18 @@ impl Algorithm for RedleaseSemaphore {
         Check::Semaphore { limit: PERMITS }
     }
 
+    fn supports(&self, fault: Fault) -> bool {
+        fault != Fault::Clock
+    }
+
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
         Box::pin(async move {
             let client = redlease_client(env).await?;
-            let semaphore = client
-                .semaphore_with(&env.name, PERMITS, LeaseOptions::new().ttl(env.ttl))
+            let semaphore = env
+                .names
+                .iter()
+                .map(|name| client.semaphore_with(name, PERMITS, LeaseOptions::new().ttl(env.ttl)))
+                .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| e.to_string())?;
             Ok(Arc::new(SemClient {
                 _client: client,
@@ -73,37 +80,17 @@ impl Algorithm for RedleaseSemaphore {
 
 struct SemClient {
     _client: Client,
-    semaphore: Semaphore,
+    semaphore: Vec<Semaphore>,
     timeout: Duration,
 }
 
 impl LockClient for SemClient {
-    fn acquire(&self) -> BoxFuture<'_, Result<Box<dyn Held>, AcquireError>> {
+    fn acquire(&self, lock: usize) -> BoxFuture<'_, Result<Held, AcquireError>> {
         Box::pin(async move {
-            match self.semaphore.acquire_timeout(self.timeout).await {
-                Ok(permit) => Ok(Box::new(Holding(permit)) as Box<dyn Held>),
+            match self.semaphore[lock].acquire_timeout(self.timeout).await {
+                Ok(permit) => Ok(Held::guard(permit, Role::Occupant)),
                 Err(e) => Err(acquire_error(e)),
             }
         })
-    }
-}
-
-struct Holding(Permit);
-
-impl Held for Holding {
-    fn role(&self) -> Role {
-        Role::Occupant
-    }
-
-    fn fence(&self) -> u64 {
-        0
-    }
-
-    fn lease(&self) -> Option<&Lease> {
-        Some(self.0.lease())
-    }
-
-    fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
-        Box::pin(async move { release_outcome(self.0.release().await) })
     }
 }
