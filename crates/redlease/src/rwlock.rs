@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
@@ -590,9 +588,8 @@ impl RwLockWriteGuard {
         // releases the write lock if we stop here (a no-op once the downgrade landed).
         let claim = s.base.claim(lock.read_release_call(&reader));
         claim.arm();
-        let sent = Instant::now();
-        let reply = op
-            .eval(&RW_DOWNGRADE, &cmd, Deadline::Never, Some(&claim))
+        let (reply, sent) = op
+            .eval_sent(&RW_DOWNGRADE, &cmd, Deadline::Never, Some(&claim))
             .await?;
         if int(&reply) != Some(1) {
             claim.answered_no();

@@ -494,3 +494,53 @@ async fn a_busy_lock_fails_lock_timeout_as_a_timeout() {
     assert!(guard.is_held());
     guard.release().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------
+// 4. A lease confirmed by a retried request runs from the retry
+// ---------------------------------------------------------------------------------
+
+/// An acquire whose requests go unanswered for longer than the lease, then succeed on
+/// a retry, must hand back a lease that runs from that retry — not a guard that is
+/// dead on arrival (as the torture run found during slot migrations).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_answered_after_retries_runs_its_lease_from_the_retry() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(&proxy.url(), Duration::from_millis(250), Duration::from_secs(3)).await;
+    let ttl = Duration::from_secs(1);
+    let mutex = client
+        .mutex_with("retried", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let mut inspect = raw(&server).await;
+
+    proxy.hold_requests();
+    let acquire = tokio::spawn(async move { mutex.lock().await });
+    // Longer than the lease: the first attempts time out and are retried.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    proxy.release_requests();
+    let guard = within(10.0, "the retried acquire", acquire)
+        .await
+        .unwrap()
+        .expect("acquired");
+    let returned = Instant::now();
+    assert!(
+        guard.is_held(),
+        "a guard just handed back is held (valid_until {:?} from now)",
+        guard.valid_until().checked_duration_since(returned)
+    );
+    assert_eq!(guard.lease().lost_reason(), None);
+    let left = pttl(&mut inspect, "redlease:retried").await;
+    let believed = guard
+        .valid_until()
+        .checked_duration_since(Instant::now())
+        .unwrap_or_default();
+    assert!(
+        believed <= Duration::from_millis(left.max(0) as u64 + 5),
+        "the client believes {believed:?}, the server keeps {left} ms"
+    );
+    // And it stays held: the renewal keeps it, nothing fires.
+    tokio::time::sleep(ttl).await;
+    assert!(guard.is_held());
+    assert_eq!(guard.lease().lost_reason(), None);
+    guard.release().await.unwrap();
+}

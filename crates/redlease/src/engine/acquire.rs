@@ -12,6 +12,7 @@ use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
 use super::notify::{Subscription, WakeDebt};
+use super::request::Acked;
 use crate::error::{Error, Result};
 use crate::script::reply::{array, int, ms};
 use crate::script::{LuaScript, ScriptCall};
@@ -246,8 +247,7 @@ impl LockBase {
         let (claim_ref, parse_ref) = (&claim, &parse);
         let (fence, remaining, sent, acked) = acquire_loop(waiting, move |deadline| async move {
             claim_ref.arm();
-            let sent = Instant::now();
-            let (reply, acked) = op
+            let Acked { reply, acked, sent } = op
                 .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
                 .await
                 .inspect_err(|e| {
@@ -256,6 +256,7 @@ impl LockBase {
                         claim_ref.answered_no();
                     }
                 })?;
+            // The lease runs from when the answered attempt was sent, after retries.
             match parse_ref(&reply, sent)? {
                 Reply::Acquired { fence, remaining } => {
                     Ok(Attempt::Acquired((fence, remaining, sent, acked)))

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::deadline::Deadline;
 use super::lease::{Lease, LeaseState, LostReason, Renew};
-use super::request::{Claim, Op, spawn_release};
+use super::request::{Acked, Claim, Op, spawn_release};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::options::{LeaseOptions, OnShortfall};
@@ -238,7 +238,7 @@ impl LockBase {
     ) -> Result<()> {
         let op = self.op(what);
         let ack = release.and(self.options.replica_ack.as_ref());
-        let (reply, acked) = op.eval_acked(script, call, ack, Deadline::Never, None).await?;
+        let Acked { reply, acked, .. } = op.eval_acked(script, call, ack, Deadline::Never, None).await?;
         if int(&reply) != Some(1) {
             return Err(op.not_held());
         }
@@ -413,8 +413,8 @@ impl GuardCore {
             tracing::debug!(lock = %base.name, %reason, "extend after the lease ended");
             return Err(op.not_held());
         }
-        let sent = Instant::now();
-        let (reply, acked) = op
+        // The lease runs from when the answered attempt was sent, after retries.
+        let Acked { reply, acked, sent } = op
             .eval_acked(
                 renew.script,
                 &renew.cmd_with_ttl(ttl_ms),

@@ -52,6 +52,18 @@ impl<'a> Op<'a> {
         deadline: Deadline,
         claim: Option<&Claim>,
     ) -> Result<Value> {
+        Ok(self.eval_sent(script, cmd, deadline, claim).await?.0)
+    }
+
+    /// As [`eval`](Op::eval), also returning when the request that was answered was
+    /// sent (the last attempt, after retries).
+    pub async fn eval_sent(
+        &self,
+        script: &LuaScript,
+        cmd: &Cmd,
+        deadline: Deadline,
+        claim: Option<&Claim>,
+    ) -> Result<(Value, Instant)> {
         let conn = &*self.ctx.conn;
         self.retrying(deadline, claim, || eval(conn, script, cmd)).await
     }
@@ -62,8 +74,9 @@ impl<'a> Op<'a> {
     }
 
     /// Sends a script call and, under a replica policy, `WAIT` right behind it in the
-    /// same pipeline; returns the script's reply and how many replicas acknowledged
-    /// (`None` without a policy). Retries as [`retrying`](Op::retrying) does.
+    /// same pipeline; returns the script's reply, how many replicas acknowledged
+    /// (`None` without a policy), and when the request that was answered was sent.
+    /// Retries as [`retrying`](Op::retrying) does.
     pub async fn eval_acked(
         &self,
         script: &LuaScript,
@@ -71,13 +84,18 @@ impl<'a> Op<'a> {
         ack: Option<&ReplicaAck>,
         deadline: Deadline,
         claim: Option<&Claim>,
-    ) -> Result<(Value, Option<u32>)> {
+    ) -> Result<Acked> {
         let Some(policy) = ack else {
-            return Ok((self.eval(script, cmd, deadline, claim).await?, None));
+            let (reply, sent) = self.eval_sent(script, cmd, deadline, claim).await?;
+            return Ok(Acked {
+                reply,
+                acked: None,
+                sent,
+            });
         };
         let wait = policy.wait_cmd();
         let conn = &*self.ctx.conn;
-        let (reply, acked) = self
+        let ((reply, acked), sent) = self
             .retrying(deadline, claim, || async {
                 let (reply, acked) = eval_then(conn, script, cmd, &wait).await?;
                 let acked = int(&acked?).ok_or_else(|| {
@@ -90,7 +108,11 @@ impl<'a> Op<'a> {
             })
             .await?;
         tracing::debug!(lock = %self.name, op = self.what, acked, wanted = policy.replicas, "replicas acknowledged");
-        Ok((reply, Some(acked)))
+        Ok(Acked {
+            reply,
+            acked: Some(acked),
+            sent,
+        })
     }
 
     /// Runs `send` — an idempotent request — until it succeeds, fails for good, or
@@ -101,12 +123,15 @@ impl<'a> Op<'a> {
     /// answer in time.
     ///
     /// `claim` (if given) learns when a request failed after it may have reached Redis.
+    ///
+    /// Returns, with the reply, when the attempt that was answered was sent: a lease
+    /// confirmed by a retried request runs from the retry, not from the first attempt.
     pub async fn retrying<T, F, Fut>(
         &self,
         deadline: Deadline,
         claim: Option<&Claim>,
         mut send: F,
-    ) -> Result<T>
+    ) -> Result<(T, Instant)>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -114,6 +139,7 @@ impl<'a> Op<'a> {
         let window = Deadline::after(self.ctx.retry_window);
         let mut delay = RETRY_FIRST;
         loop {
+            let sent = Instant::now();
             let Some(outcome) = deadline.at_least(REQUEST_FLOOR).bound(send()).await else {
                 if let Some(c) = claim {
                     c.doubt();
@@ -121,7 +147,7 @@ impl<'a> Op<'a> {
                 return Err(self.error(no_reply_in_time()));
             };
             match outcome {
-                Ok(v) => return Ok(v),
+                Ok(v) => return Ok((v, sent)),
                 Err(e) if is_transient(&e) => {
                     if let Some(c) = claim {
                         c.doubt();
@@ -155,6 +181,16 @@ impl<'a> Op<'a> {
             name: self.name.to_owned(),
         }
     }
+}
+
+/// A reply to a request that may have waited for replicas.
+#[derive(Debug)]
+pub(crate) struct Acked {
+    pub reply: Value,
+    /// How many replicas acknowledged, under a replica policy.
+    pub acked: Option<u32>,
+    /// When the request that was answered was sent.
+    pub sent: Instant,
 }
 
 /// The error of a request cut off by its caller's deadline.

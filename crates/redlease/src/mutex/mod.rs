@@ -322,9 +322,8 @@ impl Mutex {
         let claim = s.base.claim(release);
         claim.arm();
         let op = s.base.op("hand over");
-        let sent = Instant::now();
-        let reply = op
-            .eval(&MUTEX_HANDOFF, &cmd, Deadline::Never, Some(&claim))
+        let (reply, sent) = op
+            .eval_sent(&MUTEX_HANDOFF, &cmd, Deadline::Never, Some(&claim))
             .await?;
         claim.disarm();
         match parse_acquire(&reply, s.base.options.ttl, &s.base) {
