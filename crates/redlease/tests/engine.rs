@@ -544,3 +544,51 @@ async fn an_acquire_answered_after_retries_runs_its_lease_from_the_retry() {
     assert_eq!(guard.lease().lost_reason(), None);
     guard.release().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------
+// 5. A release held up past the lease still tells released from lost
+// ---------------------------------------------------------------------------------
+
+/// While a slot migrates, a read share's release (which names two keys) is refused
+/// with TRYAGAIN until the migration ends, but its renewal (one key) follows ASK. The
+/// lease must be renewed while the release waits, so that the release — landing after
+/// the share's original lease would have run out — still finds the share and succeeds,
+/// instead of reporting a loss that never happened (as the torture run's cluster phase
+/// found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_held_up_by_a_migration_still_succeeds() {
+    let cluster = RedisCluster::start(3, 0).unwrap_or_else(|e| panic!("{e}"));
+    let slot = cluster.slot_of("redlease:{held-up}").unwrap();
+    let from = cluster.master_of_slot(slot).unwrap();
+    let to = (from + 1) % 3;
+    let client = redlease::Client::cluster(cluster.urls())
+        .await
+        .expect("cluster client");
+    let ttl = Duration::from_millis(1000);
+    let rwlock = client
+        .rwlock_with("{held-up}", LeaseOptions::new().ttl(ttl))
+        .unwrap();
+    let reader = within(10.0, "read", rwlock.read()).await.unwrap();
+
+    let migration = cluster.begin_migration(slot, to).unwrap();
+    assert!(cluster.migrate_keys(&migration).unwrap() >= 1, "the share moved");
+    let started = Instant::now();
+    let release = tokio::spawn(async move { reader.release().await });
+    // Longer than the share's lease: only renewals keep it meanwhile.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    assert!(
+        !release.is_finished(),
+        "the release waits for the migration (TRYAGAIN)"
+    );
+    cluster.finish_migration(&migration).unwrap();
+    let outcome = within(10.0, "the release after the migration", release)
+        .await
+        .unwrap();
+    assert!(
+        outcome.is_ok(),
+        "released after {:?}, though held up: {outcome:?}",
+        started.elapsed()
+    );
+    let status = within(10.0, "status", rwlock.status()).await.unwrap();
+    assert_eq!(status.readers, 0, "the share is gone: {status:?}");
+}

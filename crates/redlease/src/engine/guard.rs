@@ -175,15 +175,17 @@ impl LockBase {
         }
     }
 
-    /// Releases through `call` (a compare-and-delete whose reply follows
-    /// [`Released::of`]) a lease that was valid until `valid_until`. A release whose
-    /// request may have landed but whose reply was lost finishes in the background if
-    /// this future is dropped.
-    pub async fn release(&self, call: &ScriptCall, valid_until: Instant, ttl: Duration) -> Result<()> {
+    /// Releases `lease` through `call` (a compare-and-delete whose reply follows
+    /// [`Released::of`]). The lease is still renewed while the release is on its way,
+    /// so `valid_until` stays a lower bound of the server's expiry until the answer. A
+    /// release whose request may have landed but whose reply was lost finishes in the
+    /// background if this future is dropped.
+    pub async fn release(&self, call: &ScriptCall, lease: &LeaseState) -> Result<()> {
         let op = self.op("release");
-        let claim = Claim::new(self.ctx.clone(), &self.name, call.clone(), ttl);
+        let claim = Claim::new(self.ctx.clone(), &self.name, call.clone(), lease.ttl());
         claim.arm();
         let sent = Instant::now();
+        let valid_until = lease.valid_until();
         let reply = op.call(call, Deadline::Never, Some(&claim)).await?;
         let answered = Instant::now();
         let doubted = claim.doubted();
@@ -194,10 +196,11 @@ impl LockBase {
             // may have landed while the lease was still valid, that attempt released it.
             Released::FreeAfterUs if doubted && sent < valid_until => Ok(()),
             // Not ours: if an earlier attempt may have landed and this answer came back
-            // while our lease was still valid, the key cannot have expired on the server
-            // before this retry ran. As long as Redis kept its writes, that earlier
-            // attempt deleted it — and its wake-up let the next holder in.
-            Released::NotOurs if doubted && answered < valid_until => Ok(()),
+            // while the lease was still valid (renewals kept it so meanwhile), the key
+            // cannot have expired on the server before this retry ran. As long as Redis
+            // kept its writes, that earlier attempt deleted it — and its wake-up let the
+            // next holder in.
+            Released::NotOurs if doubted && answered < lease.valid_until() => Ok(()),
             _ => Err(op.not_held()),
         }
     }
@@ -441,11 +444,10 @@ impl GuardCore {
             .take()
             .expect("token present until the guard is consumed");
         let state = self.lease.state.clone();
-        let valid = state.is_held();
-        let valid_until = state.valid_until();
-        state.end(LostReason::Released);
+        // Renewals go on until the release is answered (or this future is dropped).
+        let (valid, _releasing) = state.begin_release();
         match &self.keeper {
-            Keeper::Script { base, release, .. } => base.release(release, valid_until, state.ttl()).await,
+            Keeper::Script { base, release, .. } => base.release(release, &state).await,
             Keeper::Custom { keeper, .. } => keeper.release(valid, state.ttl()).await,
         }
     }

@@ -104,6 +104,10 @@ struct State {
     /// next renewal is due an interval after this.
     confirmed_at: Instant,
     ended: Option<LostReason>,
+    /// The holder is releasing: the lease has ended for it (`Released`), but renewals
+    /// go on until the release is answered, so that a slow release still tells a lease
+    /// that was lost from one that was released.
+    releasing: bool,
 }
 
 /// The lease machinery shared by a guard, its [`Lease`] handles and the renewal task.
@@ -147,6 +151,7 @@ impl LeaseState {
                 valid_until: later(sent, remaining.saturating_sub(drift(ttl))),
                 confirmed_at: started,
                 ended: None,
+                releasing: false,
             }),
             changed: Notify::new(),
             epoch: AtomicU64::new(0),
@@ -250,7 +255,7 @@ impl LeaseState {
                 self.ended_now(LostReason::Expired);
                 return;
             }
-            if state.ended.is_some() {
+            if state.ended.is_some() && !state.releasing {
                 return;
             }
             let until = later(sent, ttl.saturating_sub(drift(ttl)));
@@ -269,6 +274,37 @@ impl LeaseState {
         self.state.lock().expect("lease lock").ttl = ttl;
     }
 
+    /// Whether the renewal task should still renew the lease: it has not ended, or its
+    /// holder is releasing it.
+    pub fn renewable(&self) -> bool {
+        let s = self.state();
+        s.ended.is_none() || s.releasing
+    }
+
+    /// The holder starts releasing: the lease ends for it (`Released`), but renewals
+    /// go on until [`Releasing`] is dropped. Returns whether the lease was still held.
+    pub fn begin_release(self: &Arc<Self>) -> (bool, Releasing) {
+        let held = {
+            let mut state = self.state.lock().expect("lease lock");
+            let expired = Self::expire_locked(&mut state);
+            let held = state.ended.is_none();
+            if held {
+                state.ended = Some(LostReason::Released);
+                state.releasing = true;
+            }
+            (held, expired)
+        };
+        match held {
+            (true, _) => {
+                self.changed.notify_waiters();
+                tracing::debug!(lock = %self.name, "lease released");
+            }
+            (false, true) => self.ended_now(LostReason::Expired),
+            (false, false) => {}
+        }
+        (held.0, Releasing(self.clone()))
+    }
+
     /// Ends the lease; the first reason wins. Returns whether this call ended it.
     pub fn end(&self, reason: LostReason) -> bool {
         let ended = {
@@ -283,6 +319,21 @@ impl LeaseState {
             self.ended_now(reason);
         }
         ended
+    }
+}
+
+/// A release in progress: the lease is renewed until it is dropped.
+#[derive(Debug)]
+pub(crate) struct Releasing(Arc<LeaseState>);
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        let lease = &self.0;
+        let was = std::mem::replace(&mut lease.state.lock().expect("lease lock").releasing, false);
+        if was {
+            // Drop the renewal schedule.
+            lease.bump_epoch();
+        }
     }
 }
 

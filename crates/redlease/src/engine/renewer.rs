@@ -183,7 +183,7 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseState>
     let horizon = later(now, COALESCE_CAP);
     let mut keys = Vec::new();
     for (&(due, seq), entry) in queue.range(..(horizon, u64::MAX)) {
-        let stale = entry.epoch != entry.lease.epoch() || entry.lease.ended().is_some();
+        let stale = entry.epoch != entry.lease.epoch() || !entry.lease.renewable();
         let window = (entry.lease.interval() / COALESCE_DIVISOR).min(COALESCE_CAP);
         if stale || due <= later(now, window) {
             keys.push((due, seq));
@@ -192,7 +192,7 @@ fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseState>
     let mut batch = Vec::with_capacity(keys.len());
     for key in keys {
         let entry = queue.remove(&key).expect("key was just listed");
-        if entry.epoch == entry.lease.epoch() && entry.lease.ended().is_none() {
+        if entry.epoch == entry.lease.epoch() && entry.lease.renewable() {
             batch.push((entry.lease, entry.epoch));
         }
     }
