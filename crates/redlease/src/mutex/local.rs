@@ -44,6 +44,9 @@ pub(crate) struct Waiter<L> {
     /// waiter acquires with it (so a hand-over whose reply was lost is recognised).
     pub token: Token,
     tx: oneshot::Sender<Handed<L>>,
+    /// Wakes the waiter when it becomes the head of the queue, or the holder changes
+    /// while it is: only the head watches the holder's lease.
+    nudge: Arc<Notify>,
 }
 
 impl<L> Waiter<L> {
@@ -74,8 +77,6 @@ struct State<L> {
 /// The local queue of one lock in one client.
 pub(crate) struct LocalLock<L> {
     state: std::sync::Mutex<State<L>>,
-    /// Signalled when the local holder changes.
-    changed: Notify,
 }
 
 impl<L> Default for LocalLock<L> {
@@ -89,7 +90,6 @@ impl<L> Default for LocalLock<L> {
                 streak: 0,
                 next_id: 0,
             }),
-            changed: Notify::new(),
         }
     }
 }
@@ -108,10 +108,17 @@ impl<L> std::fmt::Debug for LocalLock<L> {
 pub(crate) enum Entry<L> {
     /// Nobody local had it: acquire through Redis now.
     Representative(Turn),
-    /// Somebody local has it: wait on this.
-    Queued(u64, oneshot::Receiver<Handed<L>>),
+    /// Somebody local has it: wait on this (see [`LocalLock::wait`]).
+    Queued(Queued<L>),
     /// Somebody local has it or is acquiring it, and the task only tries.
     Busy,
+}
+
+/// A place in the local queue.
+pub(crate) struct Queued<L> {
+    pub id: u64,
+    rx: oneshot::Receiver<Handed<L>>,
+    nudge: Arc<Notify>,
 }
 
 /// Whether a holder's lease still counts: not ended by a loss, not run out.
@@ -131,10 +138,8 @@ impl<L: Send + 'static> LocalLock<L> {
             if st.busy {
                 // The turn went to a waiter ahead of this task.
                 drop(st);
-                self.changed.notify_waiters();
                 return self.enter(token, try_only);
             }
-            self.changed.notify_waiters();
         }
         if !st.busy {
             st.busy = true;
@@ -146,19 +151,28 @@ impl<L: Send + 'static> LocalLock<L> {
         let (tx, rx) = oneshot::channel();
         st.next_id += 1;
         let id = st.next_id;
+        let nudge = Arc::new(Notify::new());
         st.queue.push_back(Waiter {
             id,
             token: token.clone(),
             tx,
+            nudge: nudge.clone(),
         });
-        Entry::Queued(id, rx)
+        if st.queue.len() == 1 {
+            nudge.notify_one();
+        }
+        Entry::Queued(Queued { id, rx, nudge })
     }
 
     /// Leaves the queue (a waiter that gives up). False if it was already picked.
     pub fn leave(&self, id: u64) -> bool {
         let mut st = self.state.lock().expect("local lock");
+        let was_head = st.queue.front().is_some_and(|w| w.id == id);
         let before = st.queue.len();
         st.queue.retain(|w| w.id != id);
+        if was_head {
+            Self::nudge_head(&st);
+        }
         st.queue.len() != before
     }
 
@@ -167,31 +181,37 @@ impl<L: Send + 'static> LocalLock<L> {
         let mut st = self.state.lock().expect("local lock");
         if st.turn == turn.number && turn.local.is_some() {
             st.holder = Some(lease.clone());
+            Self::nudge_head(&st);
         }
-        drop(st);
-        self.changed.notify_waiters();
     }
 
-    /// Waits until `rx` delivers, or until `deadline` (then `None`); meanwhile watches
-    /// the local holder's lease and revokes its turn if the lease ends without a release.
+    /// Wakes the head of the queue: it watches the holder's lease.
+    fn nudge_head(st: &State<L>) {
+        if let Some(head) = st.queue.front() {
+            head.nudge.notify_one();
+        }
+    }
+
+    /// Waits in the queue until a hand-over or the turn arrives, or until `deadline`
+    /// (then `None`). The head of the queue also watches the local holder's lease, and
+    /// revokes the holder's turn if the lease ends without a release — the others only
+    /// wait, so a hand-over wakes one task, not the whole queue.
     pub async fn wait(
         self: &Arc<Self>,
-        rx: &mut oneshot::Receiver<Handed<L>>,
+        queued: &mut Queued<L>,
         deadline: crate::engine::deadline::Deadline,
     ) -> Option<Handed<L>> {
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
             let watched = {
                 let st = self.state.lock().expect("local lock");
+                let head = st.queue.front().is_some_and(|w| w.id == queued.id);
                 st.holder
                     .clone()
-                    .filter(|l| l.lost_reason() != Some(LostReason::Released))
+                    .filter(|l| head && l.lost_reason() != Some(LostReason::Released))
                     .map(|l| (st.turn, l))
             };
             tokio::select! {
-                got = &mut *rx => return got.ok(),
+                got = &mut queued.rx => return got.ok(),
                 reason = async { watched.as_ref().expect("guarded").1.lost().await }, if watched.is_some() => {
                     if reason != LostReason::Released
                         && let Some((turn, _)) = watched
@@ -200,7 +220,7 @@ impl<L: Send + 'static> LocalLock<L> {
                         self.revoke(turn);
                     }
                 }
-                _ = changed => {}
+                _ = queued.nudge.notified() => {}
                 _ = deadline.sleep() => return None,
             }
         }
@@ -213,8 +233,6 @@ impl<L: Send + 'static> LocalLock<L> {
         if st.turn == number && st.busy {
             self.revoke_locked(&mut st);
         }
-        drop(st);
-        self.changed.notify_waiters();
     }
 
     fn revoke_locked(self: &Arc<Self>, st: &mut State<L>) {
@@ -224,7 +242,10 @@ impl<L: Send + 'static> LocalLock<L> {
         // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         while let Some(waiter) = st.queue.pop_front() {
             match waiter.send(Handed::Turn(Turn::new(self.clone(), st.turn))) {
-                Ok(()) => return,
+                Ok(()) => {
+                    Self::nudge_head(st);
+                    return;
+                }
                 // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
@@ -244,6 +265,7 @@ impl<L: Send + 'static> LocalLock<L> {
             if w.is_waiting() {
                 st.streak += 1;
                 st.holder = None;
+                Self::nudge_head(&st);
                 return Some(w);
             }
         }
@@ -257,34 +279,24 @@ impl<L: Send + 'static> LocalLock<L> {
 
     /// Gives turn `number` to the next waiter, or marks the lock as not busy.
     fn pass_turn(self: &Arc<Self>, number: u64) {
-        loop {
-            let waiter = {
-                let mut st = self.state.lock().expect("local lock");
-                if st.turn != number {
-                    return; // revoked: already passed on
-                }
-                st.holder = None;
-                match st.queue.pop_front() {
-                    Some(w) => w,
-                    None => {
-                        st.busy = false;
-                        st.streak = 0;
-                        drop(st);
-                        self.changed.notify_waiters();
-                        return;
-                    }
-                }
-            };
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn != number {
+            return; // revoked: already passed on
+        }
+        st.holder = None;
+        while let Some(waiter) = st.queue.pop_front() {
             match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
                 Ok(()) => {
-                    self.changed.notify_waiters();
+                    Self::nudge_head(&st);
                     return;
                 }
-                // Gone: disarm the turn we got back and try the next one.
+                // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
             }
         }
+        st.busy = false;
+        st.streak = 0;
     }
 }
 
@@ -354,7 +366,7 @@ mod tests {
         let mut queued = Vec::new();
         for _ in 0..3 {
             match local.enter(&token(), false) {
-                Entry::Queued(id, rx) => queued.push((id, rx)),
+                Entry::Queued(q) => queued.push((q.id, q.rx)),
                 _ => panic!("busy: queued"),
             }
         }
@@ -399,7 +411,8 @@ mod tests {
         };
         let mut rxs = Vec::new();
         for _ in 0..HANDOFF_BUDGET + 2 {
-            if let Entry::Queued(_, rx) = local.enter(&token(), false) {
+            if let Entry::Queued(q) = local.enter(&token(), false) {
+                let rx = q.rx;
                 rxs.push(rx);
             }
         }
@@ -417,10 +430,10 @@ mod tests {
         let Entry::Representative(old) = local.enter(&token(), false) else {
             panic!()
         };
-        let Entry::Queued(_, mut rx1) = local.enter(&token(), false) else {
+        let Entry::Queued(Queued { rx: mut rx1, .. }) = local.enter(&token(), false) else {
             panic!()
         };
-        let Entry::Queued(_, mut rx2) = local.enter(&token(), false) else {
+        let Entry::Queued(Queued { rx: mut rx2, .. }) = local.enter(&token(), false) else {
             panic!()
         };
         local.revoke(old.number);

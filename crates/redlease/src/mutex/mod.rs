@@ -193,7 +193,7 @@ impl Mutex {
                 });
             }
             Entry::Representative(turn) => turn,
-            Entry::Queued(id, mut rx) => match s.local.wait(&mut rx, wait.deadline()).await {
+            Entry::Queued(mut queued) => match s.local.wait(&mut queued, wait.deadline()).await {
                 Some(Handed::Lock(handed)) => {
                     tracing::debug!(lock = %s.base.name, fence = handed.fence, "lock handed over locally");
                     return Ok(handed.into_guard());
@@ -201,8 +201,8 @@ impl Mutex {
                 Some(Handed::Turn(turn)) => turn,
                 None => {
                     // Gave up: leave the queue. Whatever was sent meanwhile is dropped
-                    // with `rx`, which passes it on (a turn) or releases it (a lock).
-                    s.local.leave(id);
+                    // with `queued`, which passes it on (a turn) or releases it (a lock).
+                    s.local.leave(queued.id);
                     return Err(Error::Timeout {
                         name: s.base.name.to_string(),
                         waited: Duration::ZERO,
