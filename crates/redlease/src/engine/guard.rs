@@ -160,9 +160,8 @@ impl LockBase {
             Renew::Script(renew.clone()),
             self.options.auto_renew,
         );
-        if state.auto_renew {
-            self.ctx.renewer.schedule(&state);
-        }
+        // Renewed, or watched for running out.
+        self.ctx.renewer.schedule(&state);
         GuardCore {
             keeper: Keeper::Script {
                 base: self.clone(),
@@ -432,9 +431,7 @@ impl GuardCore {
         }
         state.set_ttl(ttl);
         state.confirm(sent, ttl);
-        if state.auto_renew {
-            base.ctx.renewer.schedule(state);
-        }
+        base.ctx.renewer.schedule(state);
         base.check_replicas(acked, Some(state), release).await
     }
 

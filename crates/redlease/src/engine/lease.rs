@@ -125,6 +125,17 @@ pub(crate) struct LeaseState {
     /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
     /// `NO_ACK` without one.
     replicas_acked: AtomicU32,
+    /// Called once when the lease is lost (ends for any reason but `Released`).
+    on_lost: std::sync::Mutex<Option<LostHook>>,
+}
+
+/// What a lease calls when it is lost.
+struct LostHook(Box<dyn FnOnce() + Send>);
+
+impl std::fmt::Debug for LostHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LostHook")
+    }
 }
 
 const NO_ACK: u32 = u32::MAX;
@@ -158,6 +169,7 @@ impl LeaseState {
             renew,
             auto_renew,
             replicas_acked: AtomicU32::new(NO_ACK),
+            on_lost: std::sync::Mutex::new(None),
         })
     }
 
@@ -191,7 +203,32 @@ impl LeaseState {
         self.bump_epoch();
         match reason {
             LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
-            _ => tracing::warn!(lock = %self.name, %reason, "lease lost"),
+            _ => {
+                tracing::warn!(lock = %self.name, %reason, "lease lost");
+                let hook = self.on_lost.lock().expect("lease lock").take();
+                if let Some(LostHook(hook)) = hook {
+                    hook();
+                }
+            }
+        }
+    }
+
+    /// Calls `hook` once if the lease is lost — when it ends for any reason but
+    /// `Released`, whoever notices first (the renewal task, `lost()`, `is_held()`); at
+    /// once if it already was. The renewal task looks at every lease by its
+    /// `valid_until`, so a lease that simply runs out is noticed without anyone asking.
+    pub fn on_lost(&self, hook: impl FnOnce() + Send + 'static) {
+        let lost = |state: &Self| matches!(state.ended(), Some(r) if r != LostReason::Released);
+        if lost(self) {
+            hook();
+            return;
+        }
+        *self.on_lost.lock().expect("lease lock") = Some(LostHook(Box::new(hook)));
+        // It may have been lost meanwhile, before the hook was in place.
+        if lost(self)
+            && let Some(LostHook(hook)) = self.on_lost.lock().expect("lease lock").take()
+        {
+            hook();
         }
     }
 
@@ -218,10 +255,16 @@ impl LeaseState {
         self.state().ended.is_none()
     }
 
-    /// When the next renewal is due.
+    /// When the renewal task looks at the lease next: a third of the TTL after it was
+    /// last confirmed to renew it, or — without automatic renewal — at `valid_until`,
+    /// to notice that it ran out.
     pub fn next_renewal(&self) -> Instant {
         let s = self.state();
-        later(s.confirmed_at, s.ttl / 3)
+        if self.auto_renew {
+            later(s.confirmed_at, s.ttl / 3)
+        } else {
+            s.valid_until
+        }
     }
 
     pub fn epoch(&self) -> u64 {

@@ -208,6 +208,20 @@ async fn renew(
     batch: Vec<(Arc<LeaseState>, u64)>,
     counters: &RenewalCounters,
 ) -> Vec<(Arc<LeaseState>, Instant, u64)> {
+    // Leases without automatic renewal are only looked at (which ends one that ran
+    // out); those still held are looked at again at their new `valid_until`.
+    let (batch, watched): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(l, _)| l.auto_renew);
+    let mut requeue: Vec<(Arc<LeaseState>, Instant, u64)> = watched
+        .into_iter()
+        .filter(|(l, _)| l.renewable())
+        .map(|(l, epoch)| {
+            let due = l.next_renewal();
+            (l, due, epoch)
+        })
+        .collect();
+    if batch.is_empty() {
+        return requeue;
+    }
     // The TTL each request asks for, read once: an extend may change it meanwhile.
     let ttls: Vec<Duration> = batch.iter().map(|(l, _)| l.ttl()).collect();
     let mut calls = Vec::new();
@@ -234,7 +248,6 @@ async fn renew(
         },
     });
     let mut rounds = round_results.into_iter();
-    let mut requeue = Vec::with_capacity(batch.len());
     for ((lease, epoch), ttl) in batch.into_iter().zip(ttls) {
         let outcome = match lease.renew {
             Renew::Script(_) => scripts.next(),

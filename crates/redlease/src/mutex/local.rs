@@ -10,8 +10,9 @@
 //! the lock is released through Redis and the local head competes like everyone else.
 //!
 //! A local waiter is bounded exactly as a waiter in another process is: by the holder's
-//! lease. When the local holder's lease ends without a release — it expired, or the
-//! lock was lost — its turn is revoked and passed on, so the next task goes to Redis
+//! lease. When the local holder's lease is lost — it ran out, or the lock was found
+//! gone — its turn is revoked and passed on at once (the lease calls back; the renewal
+//! task looks at every lease by its `valid_until`), so the next task goes to Redis
 //! instead of waiting for a guard that may live on long after its lease.
 //!
 //! Everything handed around here is drop-safe. A [`Turn`] that is dropped passes the
@@ -21,9 +22,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
-use crate::engine::lease::{Lease, LostReason};
+use crate::engine::lease::Lease;
 use crate::token::Token;
 
 /// Consecutive local hand-overs before the lock goes back through Redis.
@@ -44,9 +45,6 @@ pub(crate) struct Waiter<L> {
     /// waiter acquires with it (so a hand-over whose reply was lost is recognised).
     pub token: Token,
     tx: oneshot::Sender<Handed<L>>,
-    /// Wakes the waiter when it becomes the head of the queue, or the holder changes
-    /// while it is: only the head watches the holder's lease.
-    nudge: Arc<Notify>,
 }
 
 impl<L> Waiter<L> {
@@ -118,12 +116,6 @@ pub(crate) enum Entry<L> {
 pub(crate) struct Queued<L> {
     pub id: u64,
     rx: oneshot::Receiver<Handed<L>>,
-    nudge: Arc<Notify>,
-}
-
-/// Whether a holder's lease still counts: not ended by a loss, not run out.
-fn stale(lease: &Lease) -> bool {
-    !lease.is_held() && lease.lost_reason() != Some(LostReason::Released)
 }
 
 impl<L: Send + 'static> LocalLock<L> {
@@ -131,16 +123,14 @@ impl<L: Send + 'static> LocalLock<L> {
     /// lease ended without a release, which revokes its turn; else, unless `try_only`,
     /// joins the queue.
     pub fn enter(self: &Arc<Self>, token: &Token, try_only: bool) -> Entry<L> {
-        let mut st = self.state.lock().expect("local lock");
-        if st.busy && st.holder.as_ref().is_some_and(stale) {
-            tracing::debug!("the local holder's lease ended; its turn passes on");
-            self.revoke_locked(&mut st);
-            if st.busy {
-                // The turn went to a waiter ahead of this task.
-                drop(st);
-                return self.enter(token, try_only);
-            }
+        // Looking at the holder's lease ends it if it ran out, which revokes its turn
+        // through the lease's hook (see `hold`): look before taking the state, which
+        // the hook takes too.
+        let holder = self.state.lock().expect("local lock").holder.clone();
+        if let Some(lease) = holder {
+            let _ = lease.is_held();
         }
+        let mut st = self.state.lock().expect("local lock");
         if !st.busy {
             st.busy = true;
             return Entry::Representative(Turn::new(self.clone(), st.turn));
@@ -151,78 +141,55 @@ impl<L: Send + 'static> LocalLock<L> {
         let (tx, rx) = oneshot::channel();
         st.next_id += 1;
         let id = st.next_id;
-        let nudge = Arc::new(Notify::new());
         st.queue.push_back(Waiter {
             id,
             token: token.clone(),
             tx,
-            nudge: nudge.clone(),
         });
-        if st.queue.len() == 1 {
-            nudge.notify_one();
-        }
-        Entry::Queued(Queued { id, rx, nudge })
+        Entry::Queued(Queued { id, rx })
     }
 
     /// Leaves the queue (a waiter that gives up). False if it was already picked.
     pub fn leave(&self, id: u64) -> bool {
         let mut st = self.state.lock().expect("local lock");
-        let was_head = st.queue.front().is_some_and(|w| w.id == id);
         let before = st.queue.len();
         st.queue.retain(|w| w.id != id);
-        if was_head {
-            Self::nudge_head(&st);
-        }
         st.queue.len() != before
     }
 
-    /// The holder of `turn` holds the lock under `lease`.
-    pub fn hold(&self, turn: &Turn, lease: &Lease) {
+    /// The holder of `turn` holds the lock under `lease`. If the lease is lost — it
+    /// runs out, or the lock is found gone — the turn is revoked and passed on at once:
+    /// the next task goes to Redis instead of waiting for a guard that may live on long
+    /// after its lease.
+    pub fn hold(self: &Arc<Self>, turn: &Turn, lease: &Lease) {
         let mut st = self.state.lock().expect("local lock");
-        if st.turn == turn.number && turn.local.is_some() {
-            st.holder = Some(lease.clone());
-            Self::nudge_head(&st);
+        if st.turn != turn.number || turn.local.is_none() {
+            return;
         }
-    }
-
-    /// Wakes the head of the queue: it watches the holder's lease.
-    fn nudge_head(st: &State<L>) {
-        if let Some(head) = st.queue.front() {
-            head.nudge.notify_one();
-        }
+        st.holder = Some(lease.clone());
+        drop(st);
+        let local = Arc::downgrade(self);
+        let number = turn.number;
+        lease.state.on_lost(move || {
+            if let Some(local) = local.upgrade() {
+                tracing::debug!("the local holder's lease was lost; its turn passes on");
+                local.revoke(number);
+            }
+        });
     }
 
     /// Waits in the queue until a hand-over or the turn arrives, or until `deadline`
-    /// (then `None`). The head of the queue also watches the local holder's lease, and
-    /// revokes the holder's turn if the lease ends without a release — the others only
-    /// wait, so a hand-over wakes one task, not the whole queue.
+    /// (then `None`). Nothing but those wakes a waiter: a hand-over costs one task
+    /// wake-up, however long the queue. (A holder whose lease is lost has its turn
+    /// revoked by the lease itself, see [`hold`](Self::hold).)
     pub async fn wait(
-        self: &Arc<Self>,
+        &self,
         queued: &mut Queued<L>,
         deadline: crate::engine::deadline::Deadline,
     ) -> Option<Handed<L>> {
-        loop {
-            let watched = {
-                let st = self.state.lock().expect("local lock");
-                let head = st.queue.front().is_some_and(|w| w.id == queued.id);
-                st.holder
-                    .clone()
-                    .filter(|l| head && l.lost_reason() != Some(LostReason::Released))
-                    .map(|l| (st.turn, l))
-            };
-            tokio::select! {
-                got = &mut queued.rx => return got.ok(),
-                reason = async { watched.as_ref().expect("guarded").1.lost().await }, if watched.is_some() => {
-                    if reason != LostReason::Released
-                        && let Some((turn, _)) = watched
-                    {
-                        tracing::debug!(%reason, "the local holder's lease ended; its turn passes on");
-                        self.revoke(turn);
-                    }
-                }
-                _ = queued.nudge.notified() => {}
-                _ = deadline.sleep() => return None,
-            }
+        match deadline.bound(&mut queued.rx).await {
+            Some(got) => got.ok(),
+            None => None,
         }
     }
 
@@ -242,10 +209,7 @@ impl<L: Send + 'static> LocalLock<L> {
         // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         while let Some(waiter) = st.queue.pop_front() {
             match waiter.send(Handed::Turn(Turn::new(self.clone(), st.turn))) {
-                Ok(()) => {
-                    Self::nudge_head(st);
-                    return;
-                }
+                Ok(()) => return,
                 // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
@@ -265,7 +229,6 @@ impl<L: Send + 'static> LocalLock<L> {
             if w.is_waiting() {
                 st.streak += 1;
                 st.holder = None;
-                Self::nudge_head(&st);
                 return Some(w);
             }
         }
@@ -286,10 +249,7 @@ impl<L: Send + 'static> LocalLock<L> {
         st.holder = None;
         while let Some(waiter) = st.queue.pop_front() {
             match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
-                Ok(()) => {
-                    Self::nudge_head(&st);
-                    return;
-                }
+                Ok(()) => return,
                 // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),

@@ -58,9 +58,7 @@ impl CustomKeeper for Keeper {
                 (Renewal::Confirmed { sent }, ..) => {
                     lease.set_ttl(ttl);
                     lease.confirm(sent, ttl);
-                    if lease.auto_renew {
-                        self.mutex.nodes()[0].renewer.schedule(lease);
-                    }
+                    self.mutex.nodes()[0].renewer.schedule(lease);
                     Ok(())
                 }
                 (Renewal::Gone, ..) => {

@@ -646,9 +646,8 @@ impl RedlockMutex {
             Renew::Round(round),
             s.options.auto_renew,
         );
-        if state.auto_renew {
-            self.nodes()[0].renewer.schedule(&state);
-        }
+        // Renewed, or watched for running out.
+        self.nodes()[0].renewer.schedule(&state);
         let keeper = Arc::new(Keeper {
             mutex: self.clone(),
             token: token.clone(),
