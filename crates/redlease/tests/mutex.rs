@@ -88,9 +88,26 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
         if i == 900 {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
         }
+        if i == 950 {
+            // A mark ahead of Redis's clock (as after the clock stepped back): the next
+            // token is the mark plus one, not the clock.
+            let _: () = redis::cmd("SET")
+                .arg("{redlease:fenced}:meta")
+                .arg(format!("{} 0 ahead-token ahead-host:1", 8_000_000_000_000_000u64))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            last = 8_000_000_000_000_000;
+        }
         let guard = mutex.try_lock().await.expect("free lock");
         let fence = guard.fence().get();
         assert!(fence > last, "acquisition {i}: fence {fence} not above {last}");
+        if i == 950 {
+            assert_eq!(
+                fence, 8_000_000_000_000_001,
+                "one above a mark ahead of the clock"
+            );
+        }
         last = fence;
         guard.release().await.unwrap();
     }

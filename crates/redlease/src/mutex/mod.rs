@@ -58,6 +58,8 @@ struct MutexShared {
     channel: Arc<str>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
+    /// The metadata's TTL (the lease plus the retention), as the script argument.
+    meta_px_arg: Arc<str>,
     /// This client's local queue for the lock (shared by every handle of it).
     local: Arc<LocalLock<HandedLock>>,
 }
@@ -95,6 +97,7 @@ impl Mutex {
                 local: base.ctx.locals.get(&base.key),
                 keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
                 ttl_arg: ttl_ms.to_string().into(),
+                meta_px_arg: (ttl_ms + base.ctx.retention_ms).to_string().into(),
                 base,
             }),
         })
@@ -236,8 +239,8 @@ impl Mutex {
             &[
                 token.expose(),
                 &s.ttl_arg,
-                &s.base.ctx.label,
-                &s.base.ctx.retention_arg,
+                &format!(" {} {}", token.expose(), s.base.ctx.label),
+                &s.meta_px_arg,
             ],
             None,
         );
@@ -311,8 +314,8 @@ impl Mutex {
                 token.expose(),
                 popped.token().expose(),
                 &s.ttl_arg,
-                &s.base.ctx.label,
-                &s.base.ctx.retention_arg,
+                &format!(" {} {}", popped.token().expose(), s.base.ctx.label),
+                &s.meta_px_arg,
             ],
             None,
         );

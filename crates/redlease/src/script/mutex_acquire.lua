@@ -5,28 +5,24 @@
 -- KEYS[2]  meta key      {<lock key>}:meta: "<fence> <since_ms> <token> <label>"
 -- ARGV[1]  token         this acquisition's random token
 -- ARGV[2]  ttl_ms        lease length in milliseconds
--- ARGV[3]  label         human label of the owner, such as host:pid
--- ARGV[4]  retention_ms  how long the metadata outlives the lease
+-- ARGV[3]  tail          " <token> <label>": the end of the metadata (label: the
+--                        owner's, such as host:pid)
+-- ARGV[4]  meta_px       the metadata's TTL: ttl_ms plus how long it outlives the lease
 --
 -- Reply: fence            (an integer) acquired now, for the full ttl_ms
 --        {1, fence, pttl}  already ours: a retry after a lost reply finds its own
 --                          token and gets the fence it was given, and what is left
 --        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none)
 --
--- Four calls when the lock is free, three when it is held. Nothing is left half-done:
--- SET NX on a key of another type just fails (the GET that follows raises WRONGTYPE
--- before any write), and a metadata key of another type undoes the SET.
+-- Three calls when the lock is free (SET NX, TIME, and a SET that writes the metadata
+-- and reads the previous fencing mark), three when it is held. Nothing is left
+-- half-done: SET NX on a key of another type just fails (the GET that follows raises
+-- WRONGTYPE before any write), and a metadata key of another type undoes the SET.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local meta = redis.pcall('GET', KEYS[2])
-  if type(meta) == 'table' and meta.err then
+  local fence = issue_fence(KEYS[2], ARGV[3], ARGV[4])
+  if type(fence) == 'table' then
     redis.call('DEL', KEYS[1])
-    return meta
   end
-  local prev = parse_meta(meta)
-  local fence, now_ms = next_fence(prev)
-  redis.call('SET', KEYS[2],
-    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[3],
-    'PX', tonumber(ARGV[2]) + tonumber(ARGV[4]))
   return fence
 end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -41,7 +37,5 @@ if meta_token == ARGV[1] then
 end
 -- Our lock, but its metadata was lost: issue a fresh fence.
 local fence, now_ms = next_fence(prev)
-redis.call('SET', KEYS[2],
-  string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[3],
-  'PX', math.max(pttl, 1) + tonumber(ARGV[4]))
+redis.call('SET', KEYS[2], string.format('%.0f %.0f', fence, now_ms) .. ARGV[3], 'PX', ARGV[4])
 return {1, fence, pttl}

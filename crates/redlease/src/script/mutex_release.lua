@@ -13,15 +13,16 @@
 --            after another holder; nothing was changed
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('UNLINK', KEYS[1])
   redis.call(ARGV[3], ARGV[2], '1')
   return 1
 end
 if current then
   return 0
 end
-local _, _, token = parse_meta(redis.call('GET', KEYS[2]))
-if token == ARGV[1] then
+-- The metadata is "<fence> <since_ms> <token> <label>".
+local meta = redis.call('GET', KEYS[2])
+if meta and string.find(meta, ' ' .. ARGV[1] .. ' ', 1, true) then
   return -1
 end
 return 0
