@@ -145,7 +145,7 @@ macro_rules! script {
 
 script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
 script!(MUTEX_EXTEND, "mutex_extend");
-script!(MUTEX_RELEASE, "mutex_release");
+script!(MUTEX_RELEASE, "mutex_release", fenced);
 script!(MUTEX_STATUS, "mutex_status", fenced);
 script!(MUTEX_HANDOFF, "mutex_handoff", fenced);
 script!(CAS, "cas");
