@@ -39,3 +39,165 @@ pub fn median(values: &[f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     percentile(&v, 0.5)
 }
+
+/// The Redis server's own accounting at one moment, from one `INFO cpu stats` reply.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerSample {
+    /// `used_cpu_user` + `used_cpu_sys`: the server process's CPU time (every thread of
+    /// it: Redis takes these from `getrusage(RUSAGE_SELF)`), in µs.
+    pub cpu_us: f64,
+    /// `total_commands_processed`.
+    pub commands: u64,
+}
+
+/// A dedicated connection for reading the server's accounting.
+///
+/// Taking a sample costs the server CPU itself: the part of an `INFO` after the server
+/// read its counters and the part of the next one before it did fall inside the window
+/// between two samples. `calibrate` measures that cost (`info_cost_us`, one `INFO`'s
+/// worth per window) so windows can subtract it, and the server's idle CPU rate
+/// (`idle_us_per_s`: its timer, `serverCron`, runs whether or not anyone locks).
+#[derive(Clone)]
+pub struct RedisProbe {
+    conn: redis::aio::MultiplexedConnection,
+    /// Redis before 7.0 takes one INFO section per call; then the default set is read.
+    multi_section: bool,
+    pub info_cost_us: f64,
+    pub idle_us_per_s: f64,
+}
+
+impl RedisProbe {
+    pub async fn connect(url: &str) -> Result<RedisProbe, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("connect {url}: {e}"))?;
+        let mut probe = RedisProbe {
+            conn,
+            multi_section: true,
+            info_cost_us: 0.0,
+            idle_us_per_s: 0.0,
+        };
+        if probe.sample().await.is_err() {
+            probe.multi_section = false;
+            probe.sample().await?;
+        }
+        Ok(probe)
+    }
+
+    pub async fn sample(&self) -> Result<ServerSample, String> {
+        let mut conn = self.conn.clone();
+        let mut cmd = redis::cmd("INFO");
+        if self.multi_section {
+            cmd.arg("cpu").arg("stats");
+        }
+        let info: String = cmd
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("INFO: {e}"))?;
+        let field = |name: &str| -> Option<f64> {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        match (
+            field("used_cpu_user"),
+            field("used_cpu_sys"),
+            field("total_commands_processed"),
+        ) {
+            (Some(user), Some(sys), Some(commands)) => Ok(ServerSample {
+                cpu_us: (user + sys) * 1e6,
+                commands: commands as u64,
+            }),
+            _ => Err("INFO reply without used_cpu_user, used_cpu_sys, total_commands_processed".into()),
+        }
+    }
+
+    /// Measures `info_cost_us` (300 samples back to back) and `idle_us_per_s` (2 s with
+    /// nothing but this connection's two samples), with nothing else running.
+    pub async fn calibrate(&mut self) -> Result<(), String> {
+        const N: usize = 300;
+        let first = self.sample().await?;
+        for _ in 0..N {
+            self.sample().await?;
+        }
+        let last = self.sample().await?;
+        // Between the first and the last sample's counter reads: N whole INFOs, the
+        // first's tail and the last's head, i.e. N + 1 INFOs.
+        self.info_cost_us = (last.cpu_us - first.cpu_us) / (N + 1) as f64;
+        let idle = Duration::from_secs(2);
+        let before = self.sample().await?;
+        tokio::time::sleep(idle).await;
+        let after = self.sample().await?;
+        self.idle_us_per_s =
+            ((after.cpu_us - before.cpu_us - self.info_cost_us) / idle.as_secs_f64()).max(0.0);
+        Ok(())
+    }
+
+    /// Server CPU between two samples of this probe, less the samples' own cost, in µs.
+    pub fn cpu_between(&self, before: ServerSample, after: ServerSample) -> f64 {
+        (after.cpu_us - before.cpu_us - self.info_cost_us).max(0.0)
+    }
+
+    /// Commands between two samples of this probe, less the first sample's `INFO`.
+    pub fn commands_between(before: ServerSample, after: ServerSample) -> u64 {
+        after.commands.saturating_sub(before.commands).saturating_sub(1)
+    }
+
+    /// Connections to the server other than this one.
+    pub async fn other_clients(&self) -> Result<usize, String> {
+        let mut conn = self.conn.clone();
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| format!("CLIENT LIST: {e}"))?;
+        Ok(list
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+            .saturating_sub(1))
+    }
+
+    /// Deletes every key the bench made (every name contains `bench:`; redlease's
+    /// auxiliary keys embed the name), so that keys left behind — redlease keeps a
+    /// lock's metadata for a minute, renewal leases outlive their worker — do not
+    /// expire inside a later window. Returns how many keys it deleted. `DEL`, not
+    /// `UNLINK`: freeing in a background thread could spill into the next window.
+    pub async fn cleanup(&self) -> Result<u64, String> {
+        let mut conn = self.conn.clone();
+        let mut cursor: u64 = 0;
+        let mut deleted = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg("*bench:*")
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| format!("SCAN: {e}"))?;
+            if !keys.is_empty() {
+                let n: u64 = redis::cmd("DEL")
+                    .arg(&keys)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| format!("DEL: {e}"))?;
+                deleted += n;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        if deleted > 1000 {
+            // The server shrinks its key tables from its timer (10 times a second)
+            // and rehashes them incrementally: let that happen here, not in the next
+            // window.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        Ok(deleted)
+    }
+}
