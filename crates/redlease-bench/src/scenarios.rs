@@ -416,13 +416,15 @@ pub async fn contended(b: &Bench, contenders: &[Contender]) -> Outcome {
 /// free (16 × 1 ms held per ≈ 2 ms + hand-over of each task's loop), so the ideal
 /// lock is never idle: `utilization` = acquisitions/s × measured mean hold.
 ///
-/// "Work" and "hold" are `tokio::time::sleep`s, not busy loops: a lock is held across
-/// I/O (a database write, a call to another service) far more often than across
-/// computation, and on a 2-core machine 16 tasks spinning 2 ms per loop would make the
-/// CPU, not the lock, the bottleneck (and a spinning task blocks the runtime thread that
-/// should run the release or the wake-up). Tokio's timer has 1 ms granularity, so a
-/// 1 ms sleep lasts 1–2 ms: the hold and work times are measured and reported
-/// (`hold_mean_us`, `work_mean_us`), and utilization uses the measured hold.
+/// "Work" and "hold" are sleeps, not busy loops: a lock is held across I/O (a database
+/// write, a call to another service) far more often than across computation, and on a
+/// 2-core machine 16 tasks spinning 2 ms per loop would make the CPU, not the lock, the
+/// bottleneck (and a spinning task blocks the runtime thread that should run the
+/// release or the wake-up). Tokio's timer has 1 ms granularity (a 1 ms
+/// `tokio::time::sleep` lasts 1–2 ms), so the sleeps are on a `timerfd` instead
+/// (`measure::Pause`); what they really last on a busy machine is measured all the same
+/// and reported (`hold_mean_us`, `work_mean_us`), and utilization uses the measured
+/// hold.
 /// Op: one acquisition, as in `contended-1key-16`.
 pub async fn contended_hold(b: &Bench, contenders: &[Contender]) -> Outcome {
     let gate = Gate::Lock {

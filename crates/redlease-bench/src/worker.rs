@@ -262,10 +262,11 @@ async fn contended(
         let (gate, name, failures) = (gate.clone(), name.to_owned(), failures.clone());
         handles.push(tokio::spawn(async move {
             let mut t = TaskTally::default();
+            let pause = measure::Pause::new();
             while Instant::now() < deadline {
                 if !pace.work.is_zero() {
                     let worked = Instant::now();
-                    tokio::time::sleep(pace.work).await;
+                    pause.sleep(pace.work).await;
                     t.work_us += worked.elapsed().as_secs_f64() * 1e6;
                     t.works += 1;
                 }
@@ -280,7 +281,7 @@ async fn contended(
                 };
                 let got = Instant::now();
                 if !pace.hold.is_zero() {
-                    tokio::time::sleep(pace.hold).await;
+                    pause.sleep(pace.hold).await;
                 }
                 let held = got.elapsed();
                 match gate.give(taken).await {
