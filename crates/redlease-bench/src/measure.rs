@@ -57,9 +57,11 @@ pub struct ServerSample {
 /// between two samples. `calibrate` measures that cost (`info_cost_us`, one `INFO`'s
 /// worth per window) so windows can subtract it, and the server's idle CPU rate
 /// (`idle_us_per_s`: its timer, `serverCron`, runs whether or not anyone locks).
-#[derive(Clone)]
 pub struct RedisProbe {
-    conn: redis::aio::MultiplexedConnection,
+    client: redis::Client,
+    /// Replaced when it breaks (the server's counters do not care which connection
+    /// reads them).
+    conn: std::sync::Mutex<redis::aio::MultiplexedConnection>,
     /// Redis before 7.0 takes one INFO section per call; then the default set is read.
     multi_section: bool,
     pub info_cost_us: f64,
@@ -74,7 +76,8 @@ impl RedisProbe {
             .await
             .map_err(|e| format!("connect {url}: {e}"))?;
         let mut probe = RedisProbe {
-            conn,
+            client,
+            conn: std::sync::Mutex::new(conn),
             multi_section: true,
             info_cost_us: 0.0,
             idle_us_per_s: 0.0,
@@ -86,16 +89,30 @@ impl RedisProbe {
         Ok(probe)
     }
 
+    /// Runs `cmd` on the probe's connection, reconnecting once if it broke.
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, String> {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match cmd.query_async(&mut conn).await {
+            Ok(v) => Ok(v),
+            Err(e) if e.is_unrecoverable_error() || e.is_io_error() => {
+                let mut conn = self
+                    .client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| format!("reconnect: {e}"))?;
+                *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = conn.clone();
+                cmd.query_async(&mut conn).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     pub async fn sample(&self) -> Result<ServerSample, String> {
-        let mut conn = self.conn.clone();
         let mut cmd = redis::cmd("INFO");
         if self.multi_section {
             cmd.arg("cpu").arg("stats");
         }
-        let info: String = cmd
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| format!("INFO: {e}"))?;
+        let info: String = self.query(&cmd).await.map_err(|e| format!("INFO: {e}"))?;
         let field = |name: &str| -> Option<f64> {
             info.lines()
                 .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -154,10 +171,8 @@ impl RedisProbe {
 
     /// Connections to the server other than this one.
     pub async fn other_clients(&self) -> Result<usize, String> {
-        let mut conn = self.conn.clone();
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut conn)
+        let list: String = self
+            .query(redis::cmd("CLIENT").arg("LIST"))
             .await
             .map_err(|e| format!("CLIENT LIST: {e}"))?;
         Ok(list
@@ -173,23 +188,23 @@ impl RedisProbe {
     /// expire inside a later window. Returns how many keys it deleted. `DEL`, not
     /// `UNLINK`: freeing in a background thread could spill into the next window.
     pub async fn cleanup(&self) -> Result<u64, String> {
-        let mut conn = self.conn.clone();
         let mut cursor: u64 = 0;
         let mut deleted = 0u64;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg("*bench:*")
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
+            let (next, keys): (u64, Vec<String>) = self
+                .query(
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg("*bench:*")
+                        .arg("COUNT")
+                        .arg(1000),
+                )
                 .await
                 .map_err(|e| format!("SCAN: {e}"))?;
             if !keys.is_empty() {
-                let n: u64 = redis::cmd("DEL")
-                    .arg(&keys)
-                    .query_async(&mut conn)
+                let n: u64 = self
+                    .query(redis::cmd("DEL").arg(&keys))
                     .await
                     .map_err(|e| format!("DEL: {e}"))?;
                 deleted += n;
