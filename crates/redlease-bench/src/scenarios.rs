@@ -61,6 +61,9 @@ pub struct Outcome {
     /// Secondary metrics: metric → contender → value.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Every round's value of the `*_per_op` metrics: metric → contender → rounds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metric_rounds: BTreeMap<String, BTreeMap<String, Vec<f64>>>,
     /// The first failure's message per contender that failed.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub failure_examples: BTreeMap<String, String>,
@@ -92,6 +95,7 @@ impl Outcome {
             results: BTreeMap::new(),
             rounds: BTreeMap::new(),
             metrics: BTreeMap::new(),
+            metric_rounds: BTreeMap::new(),
             failure_examples: BTreeMap::new(),
             samples: BTreeMap::new(),
             higher_is_better,
@@ -170,6 +174,10 @@ impl Outcome {
                         .entry(metric.into())
                         .or_default()
                         .insert(name.clone(), median(&v));
+                    self.metric_rounds
+                        .entry(metric.into())
+                        .or_default()
+                        .insert(name.clone(), v);
                 }
             };
             put("redis_cpu_us_per_op", |r| r.redis_us);
