@@ -319,6 +319,7 @@ impl FairMutex {
                             busy: Busy {
                                 remaining: ms(int(pttl)),
                                 pass_on: false,
+                                mark: None,
                             },
                             // Queued: leaving must remove the entry.
                             queued: place.is_some(),

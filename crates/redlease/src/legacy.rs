@@ -323,6 +323,7 @@ impl LegacyLock {
                             busy: Busy {
                                 remaining,
                                 pass_on: false,
+                                mark: None,
                             },
                             queued: false,
                         })

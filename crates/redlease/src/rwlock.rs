@@ -377,6 +377,7 @@ impl RwLock {
                             busy: Busy {
                                 remaining: ms(int(remaining)),
                                 pass_on: false,
+                                mark: None,
                             },
                             // A waiting writer's registration must be withdrawn.
                             queued: waits,

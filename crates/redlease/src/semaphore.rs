@@ -280,6 +280,7 @@ impl Semaphore {
                             // Some permits are free, just not enough for us: another
                             // local waiter that needs fewer may use the wake-up.
                             pass_on: int(free).unwrap_or(0) > 0,
+                            mark: None,
                         },
                         queued: false,
                     }),

@@ -678,3 +678,105 @@ async fn a_release_hands_the_lock_to_a_registered_waiter() {
     assert_eq!(n, 0, "the registration went with the hand-over");
     second.release().await.unwrap();
 }
+
+/// A waiter whose whole client stalls (a long GC-like pause of its thread) while a
+/// release hands it the lock must not take that hand-over once it runs again if the
+/// lock has meanwhile expired and gone to someone else: the grant is stale, whatever
+/// the waiter did first when it woke up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
+    use std::sync::mpsc;
+    let server = server();
+    let url = server.url();
+    let mut conn = raw(&server).await;
+    let holder = client(&url).await;
+    let other = client(&url).await;
+    // A short lease, so that a hand-over's claim window is short too.
+    let opts = LeaseOptions::default().ttl(Duration::from_millis(300));
+    for round in 0..6 {
+        let name = format!("stale-grant-{round}");
+        let first = holder.mutex_with(&name, opts).unwrap().lock().await.unwrap();
+        // The waiter: its own client on its own single thread, which the test stalls.
+        let (to_waiter, commands) = mpsc::channel::<Option<Duration>>();
+        let (events, from_waiter) = mpsc::channel::<&'static str>();
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let (url, wname, wopts) = (url.clone(), name.clone(), opts);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = client(&url).await;
+                let mutex = client.mutex_with(&wname, wopts).unwrap();
+                let task = tokio::spawn(async move { mutex.lock().await.expect("lock") });
+                // Stall the whole thread on command.
+                let commands = Arc::new(std::sync::Mutex::new(commands));
+                let next = {
+                    let commands = commands.clone();
+                    move || commands.lock().unwrap().recv().ok().flatten()
+                };
+                let stall = tokio::task::spawn_blocking(next.clone()).await.unwrap();
+                if let Some(stall) = stall {
+                    tokio::spawn(async move {
+                        events.send("stalled").unwrap();
+                        std::thread::sleep(stall);
+                        events.send("running").unwrap();
+                    });
+                }
+                let guard = task.await.unwrap();
+                let _ = done_tx.send((guard.fence(), Instant::now()));
+                // Held until the test is done with the round.
+                tokio::task::spawn_blocking(next).await.unwrap();
+                guard.release().await.unwrap();
+            });
+        });
+        let q = format!("{{redlease:{name}}}:q");
+        eventually(10.0, "the waiter registers", || {
+            let (mut conn, q) = (conn.clone(), q.clone());
+            async move {
+                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+                n == 1
+            }
+        })
+        .await;
+        to_waiter.send(Some(Duration::from_millis(1500))).unwrap();
+        assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("stalled"));
+        // Handed to the stalled waiter, whose short claim runs out; then another client
+        // takes the lock.
+        first.release().await.unwrap();
+        let key = format!("redlease:{name}");
+        let taken = within(
+            10.0,
+            "the hand-over runs out and another client takes the lock",
+            async {
+                loop {
+                    match other.mutex(&name).unwrap().try_lock().await {
+                        Ok(guard) => break guard,
+                        Err(e) if e.is_contended() => tokio::time::sleep(Duration::from_millis(10)).await,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            },
+        )
+        .await;
+        assert!(exists(&mut conn, &key).await);
+        assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("running"));
+        // Give the waiter time to act on what it found when it woke up.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        let taken_fence = taken.fence();
+        taken.release().await.unwrap();
+        let (fence, at) = within(10.0, "the waiter acquires after the release", done)
+            .await
+            .unwrap();
+        assert!(
+            at >= released_at,
+            "round {round}: the waiter took a stale hand-over while another client held the lock \
+             (fence {fence:?}, the other client's {taken_fence:?})"
+        );
+        assert!(fence > taken_fence, "round {round}: fencing tokens out of order");
+        to_waiter.send(None).unwrap();
+        thread.join().unwrap();
+    }
+}

@@ -36,6 +36,10 @@ pub(crate) struct Busy {
     /// semaphore waiter that needs more permits than are free): a wake-up this waiter
     /// consumed is passed on, at most once per message, instead of being swallowed.
     pub pass_on: bool,
+    /// The highest fencing token issued for the lock when the attempt ran, when the
+    /// primitive reports it: a hand-over with a fence not above it was made before
+    /// the attempt, and is stale (the attempt would have found the lock ours).
+    pub mark: Option<u64>,
 }
 
 /// How an acquire waits.
@@ -258,6 +262,7 @@ impl Reply {
             busy: Busy {
                 remaining,
                 pass_on: false,
+                mark: None,
             },
             queued: false,
         }
@@ -299,8 +304,9 @@ impl LockBase {
             fallback: self.options.ttl,
             grant: None,
         };
-        // When the last attempt that found the lock busy was sent: a grant came after it.
-        let last_busy: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+        // When the last attempt that found the lock busy was sent, and the fencing mark it
+        // saw: a grant with a higher fence was made after that attempt ran.
+        let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
         let (claim_ref, parse_ref, last_busy_ref, renew_ref) = (&claim, &parse, &last_busy, &renew);
         let ttl = self.options.ttl;
         let deadline = wait.deadline();
@@ -330,7 +336,7 @@ impl LockBase {
                         if !queued {
                             claim_ref.answered_no();
                         }
-                        *last_busy_ref.lock().expect("last busy") = Some(sent);
+                        *last_busy_ref.lock().expect("last busy") = Some((sent, busy.mark));
                         Ok(Attempt::Busy(busy))
                     }
                 }
@@ -341,12 +347,19 @@ impl LockBase {
                 };
                 let claim = claim_window.unwrap_or_default();
                 let busy = *last_busy_ref.lock().expect("last busy");
-                if let Some(busy) = busy
+                // Relied on without a round trip only when the grant is known to have been
+                // made after the last attempt that found the lock busy: then the lock was
+                // ours from no later than when that attempt was sent. A grant made before
+                // it is stale — the lock was ours then but no longer when the attempt ran
+                // (its claim ran out while this client stalled, and another took it).
+                if let Some((busy, Some(mark))) = busy
+                    && fence > mark
                     && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
                 {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
-                // Waited too long to rely on the claim window: confirm by extending.
+                // Not known to be current, or waited too long to rely on the claim window:
+                // confirm by extending (which fails unless the lock is ours now).
                 let ttl_ms = ttl.as_millis() as u64;
                 let Acked { reply, sent, .. } = op
                     .eval_acked(

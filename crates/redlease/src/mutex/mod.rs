@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Granted, Reply};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
@@ -474,6 +474,14 @@ fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply>
     }
     match array(reply).unwrap_or_default() {
         [flag, pttl] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(pttl)))),
+        [flag, pttl, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
+            busy: Busy {
+                remaining: ms(int(pttl)),
+                pass_on: false,
+                mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+            },
+            queued: false,
+        }),
         _ if int(reply) == Some(0) => Ok(Reply::busy(None)),
         _ => Err(base.op("acquire").bad_reply()),
     }

@@ -22,6 +22,9 @@
 --        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none),
 --                          at most half the registration's life for a registered waiter
 --                          (it must try again before the registration lapses)
+--        {0, pttl, mark}   the same, for a registered waiter, with the fencing mark (a
+--                          decimal string): a hand-over with a higher fence was made
+--                          after this attempt, one with a lower or equal fence before it
 --
 -- Three calls when the lock is free (SET NX, TIME, and a SET that writes the metadata
 -- and reads the previous fencing mark), three when it is held. Nothing is left
@@ -51,6 +54,12 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     end
     if pttl < 0 or pttl > life / 2 then
       pttl = math.floor(life / 2)
+    end
+    -- The fencing mark now: a hand-over with a higher fence comes after this attempt.
+    local meta = redis.call('GET', KEYS[2])
+    local mark = meta and string.match(meta, '^%d+')
+    if mark then
+      return {0, pttl, mark}
     end
   end
   return {0, pttl}
