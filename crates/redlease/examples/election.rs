@@ -16,7 +16,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let watcher = redlease::Client::connect(&url).await?;
     let mut changes = watcher.election("examples:scheduler")?.observe();
     // The election as it is when observing begins (nobody leads yet).
-    println!("observer: {:?}", changes.next().await.expect("a stream never ends")?);
+    println!(
+        "observer: {:?}",
+        changes.next().await.expect("a stream never ends")?
+    );
 
     let mut candidates = Vec::new();
     for name in ["alpha", "beta", "gamma"] {
