@@ -59,10 +59,12 @@ pub enum LeaderEvent {
 ///
 /// Changes are announced through Redis pub/sub by the scripts that make them, and read
 /// together with the election's history, so changes that came in a burst are all
-/// reported, in order (up to the last 100). Nothing polls while nothing changes, except
-/// one read when the leader's lease would end: a leader that crashed leaves no message
-/// behind, and that read reports the vacancy at most one lease after it. A missed
-/// message (a broken pub/sub connection) costs the same at most.
+/// reported, in order (up to the last 100). Besides the announcements, the stream reads
+/// once when the leader's lease it last saw would end (at most once per lease length,
+/// as renewals push that moment on): a leader that crashed leaves no message behind,
+/// and that read reports the vacancy at most one lease after it. A missed message (a
+/// broken pub/sub connection) costs the same at most — or, while nobody leads, the
+/// lease length of this handle's election ([`Election::options`]).
 ///
 /// # Errors
 ///
