@@ -264,6 +264,9 @@ impl Election {
             ),
             release: resign,
             token,
+            // A resignation wakes the waiting candidates and the first to try leads
+            // (about two round trips); nothing is handed to one in particular.
+            grant: None,
         };
         let ttl = s.base.options.ttl;
         let core = s
