@@ -37,6 +37,14 @@ const COMMANDS: &[&str] = &[
     "zrange",
     "zrangebyscore",
     "zremrangebyscore",
+    // An election's leader (a hash) and its history of changes (a stream).
+    "hset",
+    "hget",
+    "hmget",
+    "xadd",
+    "xlen",
+    "xrange",
+    "xrevrange",
 ];
 
 /// The ACL rules for a Redis user that runs redlease with key prefix `prefix`: access
@@ -96,7 +104,8 @@ mod tests {
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
              +get +set +del +unlink +exists +pttl +pexpire +publish +time \
-             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore"
+             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore \
+             +hset +hget +hmget +xadd +xlen +xrange +xrevrange"
         );
     }
 

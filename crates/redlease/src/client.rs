@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::election::Election;
 use crate::engine::context::{Context, Settings};
 use crate::engine::notify::{Notifier, PubSubConnector};
 use crate::error::{Error, Result};
@@ -264,6 +265,25 @@ impl Client {
     /// [`Error::InvalidName`], [`Error::InvalidTtl`] or [`Error::InvalidArgument`].
     pub fn semaphore_with(&self, name: &str, limit: u32, options: LeaseOptions) -> Result<Semaphore> {
         Semaphore::new(self.ctx.clone(), name, limit, options)
+    }
+
+    /// A leader election with default options (30 s lease, auto-renew): the leader is a
+    /// hash at key `<prefix><name>`. See [`Election`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        self.election_with(name, LeaseOptions::default())
+    }
+
+    /// A leader election whose leaderships have the given lease options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
+    pub fn election_with(&self, name: &str, options: LeaseOptions) -> Result<Election> {
+        Election::new(self.ctx.clone(), name, options)
     }
 
     /// The key prefix.

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! public face   client, acl                      (and lib.rs)
-//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, optimistic/
+//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, optimistic/,
+//!               election/
 //! engine/       the lease engine
 //! script/       scripts, running them, reading replies
 //! transport/    connections, batching, cluster, sentinel, tls
@@ -26,6 +27,7 @@ const PRIMITIVES: &[&str] = &[
     "legacy",
     "redlock",
     "optimistic",
+    "election",
 ];
 const FACE: &[&str] = &["client", "acl", "lib"];
 

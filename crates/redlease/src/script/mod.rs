@@ -174,6 +174,12 @@ script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
 
+script!(ELECTION_CAMPAIGN, "election_campaign", fenced);
+script!(ELECTION_RENEW, "election_renew");
+script!(ELECTION_RESIGN, "election_resign", [EXPIRY]);
+script!(ELECTION_PROCLAIM, "election_proclaim", [EXPIRY]);
+script!(ELECTION_STATUS, "election_status");
+
 /// Every script, for preloading.
 pub(crate) fn all() -> Vec<&'static LuaScript> {
     vec![
@@ -203,6 +209,11 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_RELEASE,
         &SEM_STATUS,
         &REDLOCK_ACQUIRE,
+        &ELECTION_CAMPAIGN,
+        &ELECTION_RENEW,
+        &ELECTION_RESIGN,
+        &ELECTION_PROCLAIM,
+        &ELECTION_STATUS,
     ]
 }
 
