@@ -806,3 +806,55 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         thread.join().unwrap();
     }
 }
+
+/// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,
+/// or a key without a TTL — gets in soon after that holder deletes the key, although
+/// nothing announces the release: it polls such a holder. (Without polling it would
+/// wait out the foreign lease: 10 s here, or its own TTL for a key without one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
+        let key = format!("redlease:{name}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+        if let Some(ms) = ttl {
+            set.arg("PX").arg(ms);
+        }
+        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
+        assert_eq!(taken.as_deref(), Some("OK"));
+        let waiter = tokio::spawn({
+            let mutex = client.mutex(name).unwrap();
+            async move {
+                let guard = mutex.lock_timeout(Duration::from_secs(8)).await;
+                (guard, Instant::now())
+            }
+        });
+        // The waiter has registered (and found the holder foreign) before the holder
+        // lets go.
+        let q = format!("{{{key}}}:q");
+        eventually(5.0, "the waiter registered", || {
+            let mut conn = conn.clone();
+            let q = q.clone();
+            async move {
+                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+                n == 1
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await; // into the longer polls
+        assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
+        del(&mut conn, &[&key]).await;
+        let released = Instant::now();
+        let (guard, acquired_at) = within(10.0, "the waiter", waiter).await.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = acquired_at - released;
+        assert!(
+            after < Duration::from_millis(150),
+            "{name}: in {after:?} after the foreign release, not after the foreign lease"
+        );
+        guard.release().await.unwrap();
+    }
+}
