@@ -35,6 +35,7 @@ const COMMANDS: &[&str] = &[
     "zscore",
     "zmscore",
     "zrank",
+    "zpopmin",
     "zrange",
     "zrangebyscore",
     "zremrangebyscore",

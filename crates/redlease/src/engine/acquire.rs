@@ -385,7 +385,10 @@ impl LockBase {
                 // ours from no later than when that attempt was sent. A grant made before
                 // it is stale — the lock was ours then but no longer when the attempt ran
                 // (its claim ran out while this client stalled, and another took it).
+                // Under a replica policy the hand-over must be waited for like an acquire:
+                // always confirmed, with the replicas' acknowledgement.
                 if let Some((busy, Some(mark))) = busy
+                    && ack.is_none()
                     && fence > mark
                     && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
                 {
@@ -394,16 +397,16 @@ impl LockBase {
                 // Not known to be current, or waited too long to rely on the claim window:
                 // confirm by extending (which fails unless the lock is ours now).
                 let ttl_ms = ttl.as_millis() as u64;
-                let Acked { reply, sent, .. } = op
+                let Acked { reply, sent, acked } = op
                     .eval_acked(
                         renew_ref.script,
                         &renew_ref.cmd_with_ttl(ttl_ms),
-                        None,
+                        ack,
                         deadline,
                         None,
                     )
                     .await?;
-                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, None)))
+                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, acked)))
             },
         )
         .await?;

@@ -155,10 +155,10 @@ script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
 script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
 script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
 
-script!(FAIR_ACQUIRE, "fair_acquire", [MARK, FENCE, EXPIRY, FAIR_QUEUE]);
-script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
-script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
-script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
+script!(FAIR_ACQUIRE, "fair_acquire", [MARK, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY]);
+script!(FAIR_RELEASE, "fair_release", [MARK, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_STATUS, "fair_status", [MARK, EXPIRY]);
 
 script!(RW_READ, "rw_read", [EXPIRY]);
 script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
