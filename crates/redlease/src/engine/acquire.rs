@@ -229,8 +229,8 @@ pub(crate) struct Acquire<'a> {
 /// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
 /// trip of its own — from no later than its last attempt that found the lock busy
 /// (the release came after it), for the claim window — and the renewal task extends it
-/// to the full lease at once. A waiter that died after registering holds up the lock
-/// for at most the claim window.
+/// to the full lease once a third of that window has passed. A waiter that died after
+/// registering holds up the lock for at most the claim window.
 pub(crate) struct Granted<'a> {
     /// The waiter's public id.
     pub id: &'a str,
