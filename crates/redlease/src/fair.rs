@@ -32,8 +32,9 @@ use crate::token::{FencingToken, Token};
 /// ahead of it has had its turn; its position is kept across retries and reported by
 /// [`lock_with_position`](FairMutex::lock_with_position) and [`status`](FairMutex::status).
 /// A release hands the lock straight to the next waiter — it sets the lock to that
-/// waiter's token and tells it, and only it, on the lock's channel — so the next holder
-/// holds the lock as soon as the message arrives, without a request of its own.
+/// waiter's token and tells it, and only its process, on a channel of that client's —
+/// so the next holder holds the lock as soon as the message arrives, without a request
+/// of its own.
 ///
 /// Clients that do not take part in the queue are not held to it: a plain `Mutex`,
 /// redis-py or redsync client of the same name takes the lock whenever it finds it free,
@@ -91,8 +92,10 @@ struct FairShared {
     lock_keys: Arc<[Arc<str>]>,
     /// `[lock, queue, alive]`: heartbeat.
     queue_keys: Arc<[Arc<str>]>,
-    /// The fair channel, `{<key>}:wake:fair`: hand-overs to queued waiters.
+    /// This client's fair channel, `{<key>}:wake:fair:<client id>`, where releases hand
+    /// the lock to its queued waiters; `channel_prefix` is what precedes the id.
     channel: Arc<str>,
+    channel_prefix: Arc<str>,
     /// The plain mutex's channel, `{<key>}:wake`.
     plain_channel: Arc<str>,
     ttl_arg: Arc<str>,
@@ -153,7 +156,8 @@ impl FairMutex {
                 status_keys: Arc::new([lock.clone(), counter, floor, queue.clone(), alive.clone()]),
                 lock_keys: Arc::new([lock.clone()]),
                 queue_keys: Arc::new([lock, queue, alive]),
-                channel: keys.aux("wake:fair").into(),
+                channel: format!("{}{}", keys.aux("wake:fair:"), base.ctx.id).into(),
+                channel_prefix: keys.aux("wake:fair:").into(),
                 plain_channel: keys.aux("wake").into(),
                 base,
                 ttl_arg: ttl_ms.to_string().into(),
@@ -282,7 +286,9 @@ impl FairMutex {
         let s = &*self.shared;
         let ctx = &s.base.ctx;
         let token = Token::for_owner(&ctx.label);
-        let id = waiter_id();
+        // The waiter's public id starts with its client's: releases find the client's
+        // channel from it.
+        let id = format!("{}{}", ctx.id, waiter_id());
         let member: Arc<str> = format!("{id}{}", token.expose()).into();
         let cmd = FAIR_ACQUIRE.evalsha(
             &s.acquire_keys,
@@ -291,7 +297,7 @@ impl FairMutex {
                 &s.ttl_arg,
                 &s.waiter.arg,
                 if wait.waits() { "1" } else { "0" },
-                &s.channel,
+                &s.channel_prefix,
                 &ctx.publish,
             ],
             None,
@@ -303,7 +309,7 @@ impl FairMutex {
             ScriptCall::new(
                 &FAIR_HEARTBEAT,
                 s.queue_keys.clone(),
-                Arc::new([member.clone(), s.channel.clone(), ctx.publish.clone()]),
+                Arc::new([member.clone(), s.channel_prefix.clone(), ctx.publish.clone()]),
             ),
         );
         let spec = Acquire {
@@ -376,7 +382,7 @@ impl FairMutex {
             Arc::new([
                 token.shared(),
                 member,
-                s.channel.clone(),
+                s.channel_prefix.clone(),
                 s.base.ctx.publish.clone(),
                 s.plain_channel.clone(),
             ]),

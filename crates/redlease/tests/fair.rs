@@ -22,14 +22,18 @@ async fn queue_len(mutex: &redlease::FairMutex) -> u64 {
     mutex.status().await.unwrap().queue_len
 }
 
-/// Collects every message published on the fair channel of lock `name` (hand-overs
-/// "g <id> <fence>" and "try again" notes "g <id> -").
+/// Collects every message published on the fair channels of lock `name` (one per
+/// client: hand-overs "g <id> <fence>" and "try again" notes "g <id> -"), each as
+/// "<the channel's client id>|<message>".
 async fn wake_log(server: &RedisServer, name: &str) -> Arc<StdMutex<Vec<String>>> {
     let log = Arc::new(StdMutex::new(Vec::new()));
     let probed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let channel = format!("{{redlease:{name}}}:wake:fair");
+    let channel = format!("{{redlease:{name}}}:wake:fair:probe");
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
-    pubsub.subscribe(&channel).await.unwrap();
+    pubsub
+        .psubscribe(format!("{{redlease:{name}}}:wake:fair:*"))
+        .await
+        .unwrap();
     let (sink, seen) = (log.clone(), probed.clone());
     tokio::spawn(async move {
         let mut stream = pubsub.into_on_message();
@@ -38,7 +42,9 @@ async fn wake_log(server: &RedisServer, name: &str) -> Arc<StdMutex<Vec<String>>
             if payload == "probe" {
                 seen.store(true, std::sync::atomic::Ordering::SeqCst);
             } else {
-                sink.lock().unwrap().push(payload);
+                // "<client id>|<payload>"
+                let client = msg.get_channel_name().rsplit(':').next().unwrap_or_default();
+                sink.lock().unwrap().push(format!("{client}|{payload}"));
             }
         }
     });
@@ -112,15 +118,18 @@ async fn twenty_four_waiters_are_served_exactly_in_arrival_order() {
         assert!(*fence > last, "waiter {i}: fence {fence} not above {last}");
         last = *fence;
     }
-    // Each release handed the lock to exactly one waiter, named in one message: no
-    // herd, and no request of the waiter's own. The fencing tokens the waiters hold are
+    // Each release handed the lock to exactly one waiter, named in one message on its
+    // own client's channel: no herd, and no request of the waiter's own. The fencing tokens the waiters hold are
     // the ones the hand-overs issued, in order.
     let wakes = wakes.lock().unwrap().clone();
     assert_eq!(wakes.len(), WAITERS, "one message per hand-over: {wakes:?}");
     let handed: Vec<(String, u64)> = wakes
         .iter()
-        .map(|m| match m.split(' ').collect::<Vec<_>>()[..] {
-            ["g", id, fence] => (id.to_owned(), fence.parse().expect("a fence")),
+        .map(|m| match m.split([' ', '|']).collect::<Vec<_>>()[..] {
+            [client, "g", id, fence] => {
+                assert!(id.starts_with(client), "told on another client's channel: {m:?}");
+                (id.to_owned(), fence.parse().expect("a fence"))
+            }
             _ => panic!("not a hand-over: {m:?}"),
         })
         .collect();
@@ -407,6 +416,72 @@ async fn fair_and_plain_mutexes_share_the_key_and_the_fence_sequence() {
         .await
         .unwrap();
     assert!(fair.release_token(&token).await.unwrap_err().is_not_held());
+}
+
+/// Waiters of one client share one subscription to the lock's channel: a waiter that
+/// finds it already confirmed joins it before its first request, and queues in that
+/// one request (without it, it would subscribe afterwards and ask again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_waiter_of_a_client_queues_in_one_request() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let fair = client.fair_mutex("one-request").unwrap();
+    let mut conn = raw(&server).await;
+    let holder = fair.lock().await.unwrap();
+    let probe = conn.clone();
+    let queued = |n: i64| {
+        let conn = probe.clone();
+        move || {
+            let mut conn = conn.clone();
+            async move {
+                let len: i64 = redis::cmd("ZCARD")
+                    .arg("{redlease:one-request}:queue")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                len == n
+            }
+        }
+    };
+    let first = tokio::spawn({
+        let fair = fair.clone();
+        async move { fair.lock().await.unwrap().release().await.unwrap() }
+    });
+    eventually(5.0, "the first waiter queues", queued(1)).await;
+    eventually(5.0, "its subscription is confirmed", || {
+        let mut conn = conn.clone();
+        async move {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("{redlease:one-request}:wake:fair:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            channels.len() == 1
+        }
+    })
+    .await;
+    // Let the first waiter's second look (after its own subscription) go out.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let second = tokio::spawn({
+        let fair = fair.clone();
+        async move { fair.lock().await.unwrap().release().await.unwrap() }
+    });
+    eventually(5.0, "the second waiter queues", queued(2)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        1,
+        "the second waiter queued in one request"
+    );
+    holder.release().await.unwrap();
+    within(5.0, "the first waiter is served", first).await.unwrap();
+    within(5.0, "the second waiter is served", second).await.unwrap();
 }
 
 /// A plain-mutex client barges in ahead of the queue and releases without telling the

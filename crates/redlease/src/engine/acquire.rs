@@ -70,8 +70,10 @@ pub(crate) struct Waiting<'a> {
 /// The first attempt goes out at once (one round trip when uncontended). After a busy
 /// answer the waiter subscribes to the lock's channel, waits for the subscription to
 /// be confirmed, and tries again — a release between the two attempts is thus never
-/// missed. From then on it sleeps until a wake-up, the holder's remaining lease (plus
-/// jitter), or its deadline, whichever comes first.
+/// missed. (When another local waiter already listens on the channel, the waiter
+/// joins that subscription before its first attempt instead, and needs no second.)
+/// From then on it sleeps until a wake-up, the holder's remaining lease (plus jitter),
+/// or its deadline, whichever comes first.
 ///
 /// With a grant id, the waiter also takes a lock handed to it by a release: `on_grant`
 /// turns the grant's details into the acquisition, or `None` when the grant turned out
@@ -97,6 +99,12 @@ where
     let mut previous = None;
     // The next pause when polling a foreign holder.
     let mut poll = POLL_FIRST;
+    if spec.wait.waits()
+        && let Some(s) = spec.ctx.notifier.join_live(spec.channel)
+    {
+        grant = spec.grant.map(|id| s.expect_grant(id));
+        sub = Some(s);
+    }
     loop {
         let seen = sub.as_ref().map(Subscription::generation);
         let outcome = attempt(deadline).await;

@@ -9,11 +9,12 @@
 -- KEYS[5]  floor          that the fair and the plain mutex of one name share the
 --                         sequence of fencing tokens
 -- ARGV[1]  member         "<id><token>": this acquisition's queue entry; the token is
---                         what follows the 16 hex digits of the id
+--                         what follows the 32 hex digits of the id
 -- ARGV[2]  ttl_ms         lease length
 -- ARGV[3]  waiter_ttl_ms  how long a queue entry lives without a heartbeat
 -- ARGV[4]  wait           '1': join the queue when busy; '0': only try (nothing queued)
--- ARGV[5]  channel        the fair channel {<lock key>}:wake:fair
+-- ARGV[5]  prefix         the fair channels' prefix {<lock key>}:wake:fair: (a client's
+--                         is the prefix and its id)
 -- ARGV[6]  publish        'PUBLISH' (standalone) or 'SPUBLISH' (cluster)
 --
 -- Reply: fence                acquired now, for the full ttl_ms (our entry, if any, left
@@ -34,10 +35,11 @@
 -- A free lock with live waiters queued goes to the first of them (see fair_queue.lua),
 -- and we queue behind. Idempotent: a retried request finds its token in the lock, or
 -- its entry in the queue (it keeps its ticket, hence its place). Four calls when the
--- lock is free and nobody waits; ten for a waiter that joins. The lock key is read
--- first, so one of another type fails the call (WRONGTYPE) with nothing changed.
+-- lock is free and nobody waits; nine for a waiter that joins behind another. The lock
+-- key is read first, so one of another type fails the call (WRONGTYPE) with nothing
+-- changed.
 local member = ARGV[1]
-local token = string.sub(member, 17)
+local token = string.sub(member, 33)
 local current = redis.call('GET', KEYS[1])
 if current == token then
   -- Ours already: a retry of a request whose reply was lost, or a lock handed to us.
@@ -60,6 +62,8 @@ if not current then
       if head then
         redis.call('ZADD', KEYS[2], ticket, head)
         redis.call('ZADD', KEYS[3], deadline, head)
+        expire_at_least(KEYS[2], deadline - now)
+        expire_at_least(KEYS[3], deadline - now)
       end
       return fence
     end
@@ -71,25 +75,35 @@ if not current then
   if failed then
     return failed
   end
-  current = string.sub(head, 17)
+  current = string.sub(head, 33)
 end
 if ARGV[4] ~= '1' then
   return {0, redis.call('PTTL', KEYS[1]), -1, 0, false, 0}
 end
 now = now or server_ms()
 local joined = 0
-if redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), member) == 1
+-- (Numbers are passed to Redis as strings printed with '%d': a Lua number argument is
+-- printed with '%.17g', which costs more.)
+if redis.call('ZADD', KEYS[3], string.format('%d', now + tonumber(ARGV[3])), member) == 1
     or not redis.call('ZSCORE', KEYS[2], member) then
-  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', KEYS[2], '-1', '-1', 'WITHSCORES')
   joined = redis.call('ZADD', KEYS[2], 'NX', (tonumber(last[2]) or 0) + 1, member)
 end
-expire_at_least(KEYS[2], ARGV[3])
-expire_at_least(KEYS[3], ARGV[3])
 local position
 if joined == 1 then
   position = redis.call('ZCARD', KEYS[2]) - 1
 else
   position = redis.call('ZRANK', KEYS[2], member)
+end
+-- Both sets live at least as long as our entry. With a waiter ahead of us they existed
+-- before this call, so they have a TTL (every write gives them one), which PEXPIRE GT
+-- only ever lengthens; a set we may just have created gets its first TTL.
+if position == 0 then
+  expire_at_least(KEYS[2], ARGV[3])
+  expire_at_least(KEYS[3], ARGV[3])
+else
+  redis.call('PEXPIRE', KEYS[2], ARGV[3], 'GT')
+  redis.call('PEXPIRE', KEYS[3], ARGV[3], 'GT')
 end
 local pttl, foreign = -1, 0
 if position == 0 then

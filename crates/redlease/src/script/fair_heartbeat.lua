@@ -4,7 +4,7 @@
 -- KEYS[2]  queue          {<lock key>}:queue
 -- KEYS[3]  alive          {<lock key>}:alive
 -- ARGV[1]  member         "<id><token>": the waiter's queue entry
--- ARGV[2]  channel        the fair channel {<lock key>}:wake:fair
+-- ARGV[2]  prefix         the fair channels' prefix {<lock key>}:wake:fair:
 -- ARGV[3]  publish        'PUBLISH' or 'SPUBLISH'
 -- ARGV[4]  waiter_ttl_ms  new deadline, from now (always the last argument)
 --
@@ -25,7 +25,7 @@ if #dead > 0 then
 end
 if redis.call('ZADD', KEYS[3], 'XX', 'CH', now + tonumber(ARGV[4]), ARGV[1]) == 0
     and not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-  redis.call(ARGV[3], ARGV[2], 'g ' .. string.sub(ARGV[1], 1, 16) .. ' -')
+  tell(ARGV[2], ARGV[3], ARGV[1], '-')
   return 0
 end
 expire_at_least(KEYS[2], ARGV[4])
@@ -33,7 +33,7 @@ expire_at_least(KEYS[3], ARGV[4])
 if redis.call('EXISTS', KEYS[1]) == 0 then
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if head then
-    redis.call(ARGV[3], ARGV[2], 'g ' .. string.sub(head, 1, 16) .. ' -')
+    tell(ARGV[2], ARGV[3], head, '-')
   end
 end
 return 1

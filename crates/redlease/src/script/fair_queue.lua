@@ -2,9 +2,9 @@
 -- expiry.lua).
 --
 -- The queue is two sorted sets with the same members, "<id><token>": id is the
--- waiter's public id (16 hex digits), token the token it will hold the lock with
--- ("<32 hex digits>@<owner label>", so status can show the label without a key of its
--- own).
+-- waiter's public id, 32 hex digits of which the first 16 are its client's, and token
+-- the token it will hold the lock with ("<32 hex digits>@<owner label>", so status can
+-- show the label without a key of its own).
 --   {<lock key>}:queue  score = arrival ticket (1, 2, ...): the order of service
 --   {<lock key>}:alive  score = the entry's deadline on Redis's clock (ms). A waiter
 --                       heartbeats its entry every third of its waiter TTL; an entry
@@ -12,9 +12,10 @@
 --
 -- The lock is never left free while a live waiter is queued: whoever frees it (a
 -- release, a waiter leaving) or finds it free (an acquire) hands it to the first live
--- waiter — sets the lock to that waiter's token and tells it on the lock's fair channel,
--- "g <id> <fence>". The waiter holds the lock when it reads the message, without a
--- round trip of its own. Dead entries are dropped when they come to the head; the
+-- waiter — sets the lock to that waiter's token and tells it, "g <id> <fence>", on its
+-- client's channel (<channel prefix><client id>: each client listens on its own, so
+-- a hand-over reaches one process). The waiter holds the lock when it reads the
+-- message, without a round trip of its own. Dead entries are dropped when they come to the head; the
 -- lock handed to a waiter lasts until that waiter's own deadline, so one that died
 -- after its last heartbeat holds the lock up no longer than its entry would have.
 --
@@ -41,18 +42,28 @@ local function next_live(queue, alive, now)
   return nil, nil, nil, now
 end
 
--- hand_over(lock, queue, alive, counter, floor, channel, publish, member, deadline,
+-- tell(prefix, publish, member, what): sends waiter `member` the message "g <id> <what>"
+-- on its client's channel
+local function tell(prefix, publish, member, what)
+  redis.call(publish, prefix .. string.sub(member, 1, 16), 'g ' .. string.sub(member, 1, 32) .. ' ' .. what)
+end
+
+-- hand_over(lock, queue, alive, counter, floor, prefix, publish, member, deadline,
 -- ticket, now): gives the lock to the waiter `member` (taken off the queue by
 -- next_live) until its deadline, with a fresh fencing token, and tells it. Returns nil,
 -- or the error reply of a fencing counter of another type (the waiter is put back).
-local function hand_over(lock, queue, alive, counter, floor, channel, publish, member, deadline, ticket, now)
+local function hand_over(lock, queue, alive, counter, floor, prefix, publish, member, deadline, ticket, now)
   local fence = take_fence(counter, floor)
   if type(fence) == 'table' then
     redis.call('ZADD', queue, ticket, member)
     redis.call('ZADD', alive, deadline, member)
+    expire_at_least(queue, deadline - now)
+    expire_at_least(alive, deadline - now)
     return fence
   end
-  redis.call('SET', lock, string.sub(member, 17), 'PX', math.max(deadline - now, 1))
-  redis.call(publish, channel, 'g ' .. string.sub(member, 1, 16) .. string.format(' %.0f', fence))
+  redis.call('SET', lock, string.sub(member, 33), 'PX', string.format('%d', math.max(deadline - now, 1)))
+  -- (Fencing tokens are integers below 2^53: '%d' prints them exactly, and faster
+  -- than the '%.17g' a number argument would be printed with.)
+  tell(prefix, publish, member, string.format('%d', fence))
   return nil
 end

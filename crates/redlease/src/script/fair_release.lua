@@ -9,7 +9,7 @@
 -- KEYS[6]  plain waiters  {<lock key>}:q, where plain-mutex waiters register
 -- ARGV[1]  token          the acquisition's token
 -- ARGV[2]  member         its queue entry, or '' when it never queued (a guard's release)
--- ARGV[3]  channel        the fair channel {<lock key>}:wake:fair
+-- ARGV[3]  prefix         the fair channels' prefix {<lock key>}:wake:fair:
 -- ARGV[4]  publish        'PUBLISH' or 'SPUBLISH'
 -- ARGV[5]  plain channel  {<lock key>}:wake, where plain-mutex waiters listen
 --

@@ -23,8 +23,8 @@ if #members > 0 then
   local deadlines = redis.call('ZMSCORE', KEYS[5], unpack(members))
   for i, member in ipairs(members) do
     if deadlines[i] and tonumber(deadlines[i]) > now then
-      -- "<16 hex id><32 hex>@<label>"
-      labels[#labels + 1] = string.sub(member, 50)
+      -- "<32 hex id><32 hex>@<label>"
+      labels[#labels + 1] = string.sub(member, 66)
     end
   end
 end

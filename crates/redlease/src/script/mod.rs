@@ -156,7 +156,7 @@ script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
 script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
 
 script!(FAIR_ACQUIRE, "fair_acquire", [MARK, EXPIRY, FAIR_QUEUE]);
-script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY]);
+script!(FAIR_HEARTBEAT, "fair_heartbeat", [MARK, EXPIRY, FAIR_QUEUE]);
 script!(FAIR_RELEASE, "fair_release", [MARK, EXPIRY, FAIR_QUEUE]);
 script!(FAIR_STATUS, "fair_status", [MARK, EXPIRY]);
 
