@@ -74,7 +74,7 @@ impl Context {
             fence_keys: FenceKeys::new(&prefix, topology.is_cluster()),
             prefix,
             label: label.into(),
-            id: super::heartbeat::waiter_id().into(),
+            id: crate::token::public_id().into(),
             retention_arg: retention.as_millis().to_string().into(),
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),
