@@ -246,6 +246,18 @@ pub(crate) struct Granted<'a> {
     pub claim: Duration,
 }
 
+/// How long a lock (or permit) a release hands to a registered waiter holds before the
+/// waiter extends it: the longest a waiter that died after registering can hold it up.
+pub(crate) fn grant_claim(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(2))
+}
+
+/// How long a waiter's registration lives without a new attempt (it tries again within
+/// half of that).
+pub(crate) fn register_life(ttl: Duration) -> Duration {
+    (ttl * 2).max(Duration::from_secs(2))
+}
+
 /// How much of a grant's claim window must be left for the waiter to rely on it without
 /// confirming it first: enough for the renewal that extends it to come back.
 const GRANT_MARGIN: Duration = Duration::from_millis(100);

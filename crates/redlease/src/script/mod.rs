@@ -125,6 +125,7 @@ const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
 const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
+const SEM_WAITERS: &str = include_str!("sem_waiters.lua");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -169,9 +170,9 @@ script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
 script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
 script!(RW_STATUS, "rw_status", [FENCE, EXPIRY]);
 
-script!(SEM_ACQUIRE, "sem_acquire", [EXPIRY]);
+script!(SEM_ACQUIRE, "sem_acquire", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
-script!(SEM_RELEASE, "sem_release", [EXPIRY]);
+script!(SEM_RELEASE, "sem_release", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
