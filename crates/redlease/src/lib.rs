@@ -30,6 +30,9 @@
 //! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
 //!   for replicas after acquire and extend).
 //!
+//! - [`describe_metrics`]: metrics of acquisitions, waits, hold times, renewals, lost
+//!   leases, hand-overs and retries, through the `metrics` facade.
+//!
 //! - [`Guard`]: what every guard shows — name, fencing token, lease, `lost()`,
 //!   `extend`, `release` — for code that holds any kind of lock.
 //!
@@ -158,7 +161,7 @@ pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, Sem
 // The lease engine.
 mod engine;
 
-pub use engine::{Guard, Lease, LostReason};
+pub use engine::{Guard, Lease, LostReason, describe_metrics};
 
 // Scripts and transport.
 mod script;

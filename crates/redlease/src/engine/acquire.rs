@@ -12,6 +12,7 @@ use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
 use super::lease::drift;
+use super::metrics::{self, AcquireCall, Handover, Primitive};
 use super::notify::{GrantSlot, Subscription, WakeDebt};
 use super::request::Acked;
 use crate::error::{Error, Result};
@@ -45,6 +46,8 @@ pub(crate) struct Busy {
 /// How an acquire waits.
 pub(crate) struct Waiting<'a> {
     pub ctx: &'a Context,
+    /// The kind of lock, for the metrics.
+    pub primitive: Primitive,
     pub name: &'a str,
     pub channel: &'a str,
     pub wait: Wait,
@@ -140,6 +143,7 @@ where
             _ = s.woken() => true,
             details = granted => {
                 if let Some(value) = on_grant(details).await? {
+                    metrics::handed_over(spec.primitive, Handover::Grant);
                     tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "handed the lock by a release");
                     return Ok(value);
                 }
@@ -274,13 +278,26 @@ impl Reply {
 
 impl LockBase {
     /// Acquires through Redis as `spec` says, reading each reply with `parse` (given the
-    /// reply and when its request was sent), and starts the lease.
+    /// reply and when its request was sent), and starts the lease. The call is counted
+    /// in the metrics, with its outcome and, when it acquired, how long it took.
     ///
     /// Waits for replicas after the acquire under the lock's policy: on a shortfall
     /// under [`OnShortfall::Release`](crate::OnShortfall::Release) the lock is released
     /// again and the call fails with [`Error::NotReplicated`] (it does not wait for
     /// replicas to come back).
     pub async fn acquire(
+        &self,
+        spec: Acquire<'_>,
+        parse: impl Fn(&Value, Instant) -> Result<Reply>,
+    ) -> Result<GuardCore> {
+        let call = AcquireCall::start(self.primitive);
+        call.finish(self.acquire_step(spec, parse).await)
+    }
+
+    /// As [`acquire`](LockBase::acquire), without counting the call: for a primitive
+    /// whose acquire call does more than this (the plain mutex: its local queue and its
+    /// scriptless fast path), and counts the whole call itself.
+    pub async fn acquire_step(
         &self,
         spec: Acquire<'_>,
         parse: impl Fn(&Value, Instant) -> Result<Reply>,
@@ -302,6 +319,7 @@ impl LockBase {
         let ack = self.options.replica_ack.as_ref();
         let waiting = Waiting {
             ctx: &self.ctx,
+            primitive: self.primitive,
             name: &self.name,
             channel,
             wait,

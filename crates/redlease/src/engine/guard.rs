@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::deadline::Deadline;
 use super::lease::{Lease, LeaseState, LostReason, Renew};
+use super::metrics::Primitive;
 use super::request::{Acked, Claim, Op, spawn_release};
 use crate::error::{Error, Result};
 use crate::keys;
@@ -98,12 +99,21 @@ pub(crate) struct LockBase {
     pub options: LeaseOptions,
     /// Lease lengths must be whole seconds (a legacy lock in seconds).
     pub whole_seconds: bool,
+    /// The kind of lock, as the metrics label it.
+    pub primitive: Primitive,
 }
 
 impl LockBase {
-    /// The base of lock `name` at `key`, after checking `options` (the lease length,
-    /// and the replica policy against the lease and the connection's reply timeout).
-    pub fn new(ctx: Arc<Context>, name: &str, key: &str, options: LeaseOptions) -> Result<Self> {
+    /// The base of a `primitive`'s lock `name` at `key`, after checking `options` (the
+    /// lease length, and the replica policy against the lease and the connection's
+    /// reply timeout).
+    pub fn new(
+        ctx: Arc<Context>,
+        primitive: Primitive,
+        name: &str,
+        key: &str,
+        options: LeaseOptions,
+    ) -> Result<Self> {
         keys::ttl_ms(name, options.ttl)?;
         if let Some(policy) = &options.replica_ack {
             policy.validate(name, options.ttl, ctx.topology.response_timeout)?;
@@ -114,6 +124,7 @@ impl LockBase {
             key: key.into(),
             options,
             whole_seconds: false,
+            primitive,
         })
     }
 
@@ -159,6 +170,7 @@ impl LockBase {
             remaining,
             Renew::Script(renew.clone()),
             self.options.auto_renew,
+            Some(self.primitive),
         );
         // Renewed, or watched for running out.
         self.ctx.renewer.schedule(&state);

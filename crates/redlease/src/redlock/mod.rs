@@ -26,6 +26,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::GuardCore;
 use crate::engine::lease::{Lease, LeaseState, Renew, Renewal, drift};
+use crate::engine::metrics::{AcquireCall, Primitive};
 use crate::engine::notify::{Subscription, WakeDebt};
 use crate::engine::request::{Claim, spawn_release};
 use crate::error::{Error, Result, is_transient};
@@ -432,6 +433,11 @@ impl RedlockMutex {
     }
 
     async fn acquire(&self, wait: Wait) -> Result<RedlockGuard> {
+        let call = AcquireCall::start(Primitive::Redlock);
+        call.finish(self.acquire_uncounted(wait).await)
+    }
+
+    async fn acquire_uncounted(&self, wait: Wait) -> Result<RedlockGuard> {
         let s = &*self.shared;
         let nodes = self.nodes();
         let quorum = self.quorum();
@@ -647,6 +653,7 @@ impl RedlockMutex {
             remaining,
             Renew::Round(round),
             s.options.auto_renew,
+            Some(Primitive::Redlock),
         );
         // Renewed, or watched for running out.
         self.nodes()[0].renewer.schedule(&state);
