@@ -333,6 +333,7 @@ impl FairMutex {
                                 remaining: ms(int(pttl)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // Queued: leaving must remove the entry.
                             queued: place.is_some(),

@@ -326,6 +326,7 @@ impl LegacyLock {
                                 remaining,
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             queued: false,
                         })

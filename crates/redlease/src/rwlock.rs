@@ -387,6 +387,7 @@ impl RwLock {
                                 remaining: ms(int(remaining)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // A waiting writer's registration must be withdrawn.
                             queued: waits,

@@ -719,7 +719,7 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
     let other = client(&url).await;
     // A short lease, so that a hand-over's claim window is short too.
     let opts = LeaseOptions::default().ttl(Duration::from_millis(300));
-    for round in 0..6 {
+    for round in 0..8 {
         let name = format!("stale-grant-{round}");
         let first = holder.mutex_with(&name, opts).unwrap().lock().await.unwrap();
         // The waiter: its own client on its own single thread, which the test stalls.
@@ -787,6 +787,22 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         )
         .await;
         assert!(exists(&mut conn, &key).await);
+        if round % 2 == 1 {
+            // As if another client's pipelined INCR had just found the fencing counter
+            // expired: it reads 1 until a script seeds it. The waiter's next attempt
+            // must not take that for the fencing mark.
+            let _: () = redis::cmd("DEL")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let one: i64 = redis::cmd("INCR")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(one, 1);
+        }
         assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("running"));
         // Give the waiter time to act on what it found when it woke up.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -804,5 +820,57 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         assert!(fence > taken_fence, "round {round}: fencing tokens out of order");
         to_waiter.send(None).unwrap();
         thread.join().unwrap();
+    }
+}
+
+/// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,
+/// or a key without a TTL — gets in soon after that holder deletes the key, although
+/// nothing announces the release: it polls such a holder. (Without polling it would
+/// wait out the foreign lease: 10 s here, or its own TTL for a key without one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
+        let key = format!("redlease:{name}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+        if let Some(ms) = ttl {
+            set.arg("PX").arg(ms);
+        }
+        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
+        assert_eq!(taken.as_deref(), Some("OK"));
+        let waiter = tokio::spawn({
+            let mutex = client.mutex(name).unwrap();
+            async move {
+                let guard = mutex.lock_timeout(Duration::from_secs(8)).await;
+                (guard, Instant::now())
+            }
+        });
+        // The waiter has registered (and found the holder foreign) before the holder
+        // lets go.
+        let q = format!("{{{key}}}:q");
+        eventually(5.0, "the waiter registered", || {
+            let mut conn = conn.clone();
+            let q = q.clone();
+            async move {
+                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+                n == 1
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await; // into the longer polls
+        assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
+        del(&mut conn, &[&key]).await;
+        let released = Instant::now();
+        let (guard, acquired_at) = within(10.0, "the waiter", waiter).await.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = acquired_at - released;
+        assert!(
+            after < Duration::from_millis(150),
+            "{name}: in {after:?} after the foreign release, not after the foreign lease"
+        );
+        guard.release().await.unwrap();
     }
 }

@@ -588,11 +588,12 @@ fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply>
     }
     match array(reply).unwrap_or_default() {
         [flag, pttl] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(pttl)))),
-        [flag, pttl, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
+        [flag, pttl, mark, foreign] if int(flag) == Some(0) => Ok(Reply::Busy {
             busy: Busy {
                 remaining: ms(int(pttl)),
                 pass_on: false,
                 mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                foreign: int(foreign) == Some(1),
             },
             queued: false,
         }),
