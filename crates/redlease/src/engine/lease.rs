@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::deadline::later;
-use super::metrics::{self, Primitive};
+use super::metrics::{self, Lost, Primitive};
 use crate::script::ScriptCall;
 
 /// Why a lease ended.
@@ -228,7 +228,12 @@ impl LeaseState {
     /// the lease.
     fn measure_end(&self, reason: LostReason) {
         if let Some(primitive) = self.primitive {
-            metrics::hold_ended(primitive, self.since, reason);
+            let lost = match reason {
+                LostReason::Gone => Some(Lost::Gone),
+                LostReason::Expired => Some(Lost::Expired),
+                LostReason::Released => None,
+            };
+            metrics::hold_ended(primitive, self.since, lost);
         }
     }
 

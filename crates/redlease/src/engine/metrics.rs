@@ -21,7 +21,6 @@ use std::time::Duration;
 use metrics::{Key, Label, Level, Metadata, Unit};
 use tokio::time::Instant;
 
-use super::lease::LostReason;
 use crate::error::{Error, Result};
 
 /// Acquire calls, by `primitive` and `outcome`.
@@ -55,7 +54,7 @@ struct Keys {
     acquisitions: [Key; 4],
     wait: Key,
     hold: Key,
-    /// Gone, expired.
+    /// By [`Lost`].
     lost: [Key; 2],
     /// By [`Handover`].
     handovers: [Key; 2],
@@ -182,14 +181,20 @@ impl AcquireCall {
     }
 }
 
-/// A holding of a `primitive` that started at `since` ended for `reason`.
-pub(crate) fn hold_ended(primitive: Primitive, since: Instant, reason: LostReason) {
+/// Why a lease was lost, as the `reason` label says it (the lease's `LostReason`s
+/// other than `Released`; this module sits below the lease).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Lost {
+    Gone,
+    Expired,
+}
+
+/// A holding of a `primitive` that started at `since` ended, `lost` or not.
+pub(crate) fn hold_ended(primitive: Primitive, since: Instant, lost: Option<Lost>) {
     let keys = primitive.keys();
     observe(&keys.hold, since.elapsed());
-    match reason {
-        LostReason::Gone => count(&keys.lost[0], 1),
-        LostReason::Expired => count(&keys.lost[1], 1),
-        LostReason::Released => {}
+    if let Some(lost) = lost {
+        count(&keys.lost[lost as usize], 1);
     }
 }
 
@@ -313,13 +318,9 @@ mod tests {
 
     #[test]
     fn the_key_table_follows_the_kinds() {
+        let label = |k: &Key, name: &str| k.labels().find(|l| l.key() == name).map(|l| l.value().to_owned());
         for &p in Primitive::ALL {
             let keys = p.keys();
-            let label = |k: &Key| {
-                k.labels()
-                    .find(|l| l.key() == "primitive")
-                    .map(|l| l.value().to_owned())
-            };
             for key in keys
                 .acquisitions
                 .iter()
@@ -327,7 +328,16 @@ mod tests {
                 .chain(&keys.lost)
                 .chain(&keys.handovers)
             {
-                assert_eq!(label(key).as_deref(), Some(p.label()), "{key:?}");
+                assert_eq!(label(key, "primitive").as_deref(), Some(p.label()), "{key:?}");
+            }
+            // Indexed as the enums say.
+            for (how, value) in [(Lost::Gone, "gone"), (Lost::Expired, "expired")] {
+                let key = &keys.lost[how as usize];
+                assert_eq!(label(key, "reason").as_deref(), Some(value));
+            }
+            for (how, value) in [(Handover::Local, "local"), (Handover::Grant, "grant")] {
+                let key = &keys.handovers[how as usize];
+                assert_eq!(label(key, "kind").as_deref(), Some(value));
             }
         }
     }
