@@ -137,6 +137,7 @@ pub use token::{FencingToken, Token};
 // The primitives.
 mod fair;
 mod legacy;
+mod multi;
 mod mutex;
 pub mod optimistic;
 mod redlock;
@@ -145,6 +146,7 @@ mod semaphore;
 
 pub use fair::{FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
+pub use multi::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! public face   client, acl                      (and lib.rs)
-//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, optimistic/
+//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/
 //! engine/       the lease engine
 //! script/       scripts, running them, reading replies
 //! transport/    connections, batching, cluster, sentinel, tls
@@ -25,6 +25,7 @@ const PRIMITIVES: &[&str] = &[
     "semaphore",
     "legacy",
     "redlock",
+    "multi",
     "optimistic",
 ];
 const FACE: &[&str] = &["client", "acl", "lib"];

@@ -1,0 +1,629 @@
+//! Several names locked as one, against real redis-servers and a real Redis Cluster:
+//! each name is the plain mutex's lock, taken all or none; opposite orders never
+//! deadlock or lose an update; cancellation leaves nothing held; one renewal round trip
+//! per node.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use redis::aio::ConnectionLike;
+use redlease::{Client, FencingToken, LeaseOptions, LostReason, ReplicaAck};
+use redlease_testkit::RedisCluster;
+
+fn cluster(masters: usize) -> RedisCluster {
+    RedisCluster::start(masters, 0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+async fn cluster_client(cluster: &RedisCluster) -> Client {
+    Client::cluster(cluster.urls()).await.expect("cluster client")
+}
+
+/// A lock name whose key `redlease:<name>` lives on master `master`.
+fn name_on(cluster: &RedisCluster, master: usize, base: &str) -> String {
+    let key = cluster
+        .key_on_master(master, |n| format!("redlease:{base}-{n}"))
+        .unwrap();
+    key.trim_start_matches("redlease:").to_owned()
+}
+
+async fn raw_cluster(cluster: &RedisCluster) -> redis::cluster_async::ClusterConnection {
+    redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .expect("raw cluster connection")
+}
+
+async fn get_any<C: ConnectionLike + Send>(conn: &mut C, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query_async(conn).await.expect("GET")
+}
+
+async fn exists_any<C: ConnectionLike + Send>(conn: &mut C, key: &str) -> bool {
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .expect("EXISTS");
+    n == 1
+}
+
+async fn pttl_any<C: ConnectionLike + Send>(conn: &mut C, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.expect("PTTL")
+}
+
+/// How a contender takes its names: all through one multi-lock, or one name through the
+/// plain mutex.
+#[derive(Clone, Debug)]
+enum Takes {
+    Multi(Vec<String>),
+    Plain(String),
+}
+
+/// What the contenders saw of one name: how many critical sections included it, the
+/// most holders inside at once, and each section's (value read, fencing token).
+#[derive(Debug, Default)]
+struct Seen {
+    sections: usize,
+    max_inside: usize,
+    reads: Vec<(i64, FencingToken)>,
+}
+
+/// Leases far longer than the contention takes: a deadlock would only end when a lease
+/// runs out, so the bound on the whole run catches it.
+const LONG_LEASE: Duration = Duration::from_secs(90);
+const NO_DEADLOCK_WITHIN: f64 = 45.0;
+
+/// Runs every contender — its own client, as a separate process would have — taking
+/// its names `rounds` times, each time read-modify-writing a counter per name with a
+/// gap in the middle (which loses updates unless the names exclude). Returns what was
+/// seen per name.
+async fn contend<C>(clients: Vec<Client>, takes: Vec<Takes>, rounds: usize, conn: C) -> HashMap<String, Seen>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let inside: Arc<StdMutex<HashMap<String, (usize, Seen)>>> = Arc::default();
+    let options = LeaseOptions::new().ttl(LONG_LEASE);
+    let mut tasks = Vec::new();
+    for (client, takes) in clients.into_iter().zip(takes) {
+        let (inside, mut conn) = (inside.clone(), conn.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                // Hold every name: one guard, its names and their fencing tokens.
+                let (guard, names, fences): (Box<dyn redlease::Guard>, Vec<String>, Vec<FencingToken>) =
+                    match &takes {
+                        Takes::Multi(names) => {
+                            let g = client
+                                .multi_lock_with(names, options)
+                                .unwrap()
+                                .lock()
+                                .await
+                                .expect("multi-lock");
+                            let fences = g.fences().to_vec();
+                            (Box::new(g), names.clone(), fences)
+                        }
+                        Takes::Plain(name) => {
+                            let g = client
+                                .mutex_with(name, options)
+                                .unwrap()
+                                .lock()
+                                .await
+                                .expect("lock");
+                            let fence = g.fence();
+                            (Box::new(g), vec![name.clone()], vec![fence])
+                        }
+                    };
+                {
+                    let mut seen = inside.lock().unwrap();
+                    for name in &names {
+                        let (now, s) = seen.entry(name.clone()).or_default();
+                        *now += 1;
+                        s.max_inside = s.max_inside.max(*now);
+                        s.sections += 1;
+                    }
+                }
+                let mut read = Vec::new();
+                for name in &names {
+                    let counter = format!("counter:{name}");
+                    let v: i64 = get_any(&mut conn, &counter)
+                        .await
+                        .map_or(0, |s| s.parse().unwrap());
+                    read.push(v);
+                }
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                for (name, v) in names.iter().zip(&read) {
+                    let counter = format!("counter:{name}");
+                    let _: () = redis::cmd("SET")
+                        .arg(&counter)
+                        .arg(v + 1)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                }
+                {
+                    let mut seen = inside.lock().unwrap();
+                    for ((name, v), fence) in names.iter().zip(read).zip(fences) {
+                        let (now, s) = seen.get_mut(name).unwrap();
+                        *now -= 1;
+                        s.reads.push((v, fence));
+                    }
+                }
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    let all = futures_util::future::join_all(tasks);
+    for task in within(NO_DEADLOCK_WITHIN, "every contender finishes (no deadlock)", all).await {
+        task.unwrap();
+    }
+    let seen = std::mem::take(&mut *inside.lock().unwrap());
+    seen.into_iter().map(|(name, (_, s))| (name, s)).collect()
+}
+
+/// Checks what `contend` saw, and the counters: no update lost on any name, one holder
+/// at a time, and fencing tokens rising with every critical section of a name.
+async fn assert_no_lost_update<C: ConnectionLike + Send>(seen: &HashMap<String, Seen>, conn: &mut C) {
+    for (name, s) in seen {
+        let counter: i64 = get_any(conn, &format!("counter:{name}"))
+            .await
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(counter as usize, s.sections, "no update of {name} was lost");
+        assert_eq!(s.max_inside, 1, "one holder of {name} at a time");
+        let mut reads = s.reads.clone();
+        reads.sort();
+        assert!(
+            reads.iter().enumerate().all(|(i, &(v, _))| v == i as i64),
+            "every section of {name} read the value the previous one wrote"
+        );
+        assert!(
+            reads.windows(2).all(|w| w[0].1 < w[1].1),
+            "the fencing tokens of {name} rise with every section"
+        );
+    }
+}
+
+/// {A,B}, {B,A}, {A} and {B}, two contenders each: the orders a hand-rolled multi-lock
+/// deadlocks on.
+fn opposite_orders(a: &str, b: &str) -> Vec<Takes> {
+    let (a, b) = (a.to_owned(), b.to_owned());
+    [
+        Takes::Multi(vec![a.clone(), b.clone()]),
+        Takes::Multi(vec![b.clone(), a.clone()]),
+        Takes::Plain(a.clone()),
+        Takes::Plain(b.clone()),
+    ]
+    .into_iter()
+    .flat_map(|t| [t.clone(), t])
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_lose_no_update_and_never_deadlock() {
+    let server = server();
+    let takes = opposite_orders("A", "B");
+    let mut clients = Vec::new();
+    for _ in 0..takes.len() {
+        clients.push(client(&server.url()).await);
+    }
+    let started = Instant::now();
+    let seen = contend(clients, takes, 25, raw(&server).await).await;
+    eprintln!("standalone: {:?} for 200 sections", started.elapsed());
+    assert_eq!(seen["A"].sections, 25 * 6, "{{A,B}} x2, {{B,A}} x2, {{A}} x2");
+    assert_eq!(seen["B"].sections, 25 * 6);
+    assert_no_lost_update(&seen, &mut raw(&server).await).await;
+    let mut conn = raw(&server).await;
+    assert!(!exists(&mut conn, "redlease:A").await && !exists(&mut conn, "redlease:B").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opposite_orders_across_cluster_masters_lose_no_update_and_never_deadlock() {
+    let cluster = cluster(3);
+    let a = name_on(&cluster, 0, "acct");
+    let b = name_on(&cluster, 1, "acct");
+    let takes = opposite_orders(&a, &b);
+    let mut clients = Vec::new();
+    for _ in 0..takes.len() {
+        clients.push(cluster_client(&cluster).await);
+    }
+    // The multi-locks really span two masters.
+    let lock = clients[0].multi_lock([&a, &b]).unwrap();
+    let slots: Vec<u16> = lock.keys().map(|k| cluster.slot_of(k).unwrap()).collect();
+    assert_ne!(
+        cluster.master_of_slot(slots[0]).unwrap(),
+        cluster.master_of_slot(slots[1]).unwrap()
+    );
+    let started = Instant::now();
+    let seen = contend(clients, takes, 20, raw_cluster(&cluster).await).await;
+    eprintln!("cluster: {:?} for 160 sections", started.elapsed());
+    assert_eq!(seen[&a].sections, 20 * 6);
+    assert_eq!(seen[&b].sections, 20 * 6);
+    let mut conn = raw_cluster(&cluster).await;
+    assert_no_lost_update(&seen, &mut conn).await;
+    for key in lock.keys() {
+        assert!(!exists_any(&mut conn, key).await, "{key} is free at the end");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_name_is_the_plain_mutex_lock_with_its_own_fencing_sequence() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let plain = client.mutex("ledger").unwrap();
+    let before = plain.lock().await.unwrap().fence();
+    // (dropped: released in the background)
+    let multi = client.multi_lock(["ledger", "audit"]).unwrap();
+    assert_eq!(multi.names().collect::<Vec<_>>(), ["ledger", "audit"]);
+    assert_eq!(
+        multi.keys().collect::<Vec<_>>(),
+        ["redlease:ledger", "redlease:audit"]
+    );
+    let guard = within(5.0, "the multi-lock follows the dropped guard", multi.lock())
+        .await
+        .unwrap();
+    // The plain format: the token at exactly <prefix><name>, with a TTL.
+    for key in ["redlease:ledger", "redlease:audit"] {
+        assert_eq!(get(&mut conn, key).await.as_deref(), Some(guard.token().expose()));
+        assert!(
+            (29_000..=30_000).contains(&pttl(&mut conn, key).await),
+            "{key} has the lease's TTL"
+        );
+    }
+    let &[ledger, audit] = guard.fences() else {
+        panic!("one fence per name")
+    };
+    assert!(ledger > before, "the name's fencing sequence goes on");
+    assert_eq!(guard.fence_of("audit"), Some(audit));
+    assert_eq!(guard.fence_of("elsewhere"), None);
+    assert_eq!(
+        redlease::Guard::fence(&guard),
+        None,
+        "no single token fences both"
+    );
+    assert_eq!(guard.name(), "ledger+audit");
+    assert_eq!(guard.key(), "redlease:ledger+redlease:audit");
+    // A plain mutex's status sees the multi-lock's holding as its own kind.
+    let status = plain.status().await.unwrap();
+    assert!(status.held);
+    assert_eq!(status.fence, Some(ledger));
+    assert_eq!(status.owner.as_deref(), Some(client.owner_label()));
+    let audit_status = client.mutex("audit").unwrap().status().await.unwrap();
+    assert_eq!(audit_status.fence, Some(audit));
+    guard.release().await.unwrap();
+    for key in ["redlease:ledger", "redlease:audit"] {
+        assert!(!exists(&mut conn, key).await, "{key} released");
+    }
+    let after = plain.lock().await.unwrap();
+    assert!(after.fence() > ledger, "and goes on after it");
+    after.release().await.unwrap();
+    // A name given on its own takes the plain lock too.
+    let one = client.multi_lock(["ledger"]).unwrap().try_lock().await.unwrap();
+    assert_eq!(
+        get(&mut conn, "redlease:ledger").await.as_deref(),
+        Some(one.token().expose())
+    );
+    one.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_mutex_excludes_a_multi_lock_and_the_other_way_round() {
+    let server = server();
+    let holder = client(&server.url()).await;
+    let taker = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let multi = taker.multi_lock(["left", "right"]).unwrap();
+
+    // A plain holder of one name keeps the multi-lock out, and it takes nothing else.
+    let right = holder.mutex("right").unwrap().lock().await.unwrap();
+    let err = multi.try_lock().await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    assert!(
+        err.to_string().contains("\"right\""),
+        "names the busy name: {err}"
+    );
+    assert!(!exists(&mut conn, "redlease:left").await, "nothing half-taken");
+    let err = multi.lock_timeout(Duration::from_millis(300)).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert!(err.to_string().contains("\"right\""), "{err}");
+    assert!(
+        !exists(&mut conn, "redlease:left").await,
+        "nothing held while waiting"
+    );
+    // A waiting multi-lock holds nothing meanwhile, and is woken by the release (the
+    // holder's lease has 30 s left).
+    let waiting = tokio::spawn({
+        let multi = multi.clone();
+        async move { multi.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !exists(&mut conn, "redlease:left").await,
+        "nothing held while waiting"
+    );
+    let left = holder
+        .mutex("left")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("left is free meanwhile");
+    left.release().await.unwrap();
+    let released = Instant::now();
+    right.release().await.unwrap();
+    let guard = within(5.0, "woken by the release", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(5));
+
+    // And the multi-lock keeps plain lockers of either name out until it releases.
+    for name in ["left", "right"] {
+        let err = holder.mutex(name).unwrap().try_lock().await.unwrap_err();
+        assert!(err.is_contended(), "{name}: {err}");
+    }
+    let plain = tokio::spawn({
+        let mutex = holder.mutex("left").unwrap();
+        async move { mutex.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    guard.release().await.unwrap();
+    let got = within(5.0, "the plain waiter is woken", plain)
+        .await
+        .unwrap()
+        .unwrap();
+    got.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_multi_lock_leaves_nothing_held() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let other = self::client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let multi = client.multi_lock(["c1", "c2", "c3"]).unwrap();
+    let keys = ["redlease:c1", "redlease:c2", "redlease:c3"];
+    // Cancelled at every point of an uncontended acquire.
+    for delay_us in [0u64, 20, 50, 100, 200, 400, 800, 1600, 3200] {
+        let _ = tokio::time::timeout(Duration::from_micros(delay_us), multi.lock()).await;
+        eventually(2.0, "no name held after cancellation", || {
+            let mut conn = conn.clone();
+            async move {
+                for key in keys {
+                    if exists(&mut conn, key).await {
+                        return false;
+                    }
+                }
+                true
+            }
+        })
+        .await;
+    }
+    // Cancelled while waiting for a busy name.
+    let c3 = other.mutex("c3").unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let multi = multi.clone();
+        async move { multi.lock().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    assert!(!exists(&mut conn, "redlease:c1").await && !exists(&mut conn, "redlease:c2").await);
+    c3.release().await.unwrap();
+    // A dropped guard releases every name.
+    let guard = multi.lock().await.unwrap();
+    drop(guard);
+    eventually(2.0, "a dropped guard releases every name", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:c1").await && !exists(&mut conn, "redlease:c3").await }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_masters_a_busy_name_is_waited_for_holding_nothing_and_cancelling_leaves_nothing() {
+    let cluster = cluster(3);
+    let client = cluster_client(&cluster).await;
+    let other = cluster_client(&cluster).await;
+    let mut conn = raw_cluster(&cluster).await;
+    let (a, b) = (name_on(&cluster, 0, "x"), name_on(&cluster, 2, "y"));
+    let multi = client.multi_lock([&b, &a]).unwrap();
+    // The second name in slot order is busy: every attempt takes the first, finds the
+    // second busy and gives the first back. Cancelled at any point of that, and left to
+    // wait, it leaves nothing.
+    let slot = |name: &str| cluster.slot_of(&format!("redlease:{name}")).unwrap();
+    let (first, second) = if slot(&a) < slot(&b) { (a, b) } else { (b, a) };
+    let (first_key, second_key) = (format!("redlease:{first}"), format!("redlease:{second}"));
+    let first = &first_key;
+    let held = other.mutex(&second).unwrap().lock().await.unwrap();
+    for delay_us in [0u64, 100, 300, 1000, 3000, 10_000] {
+        let _ = tokio::time::timeout(Duration::from_micros(delay_us), multi.lock()).await;
+        eventually(3.0, "the first name is given back", || {
+            let (mut conn, first) = (conn.clone(), first.clone());
+            async move { !exists_any(&mut conn, &first).await }
+        })
+        .await;
+    }
+    let err = multi.try_lock().await.unwrap_err();
+    assert!(
+        err.is_contended() && err.to_string().contains(second.as_str()),
+        "{err}"
+    );
+    assert!(!exists_any(&mut conn, first).await);
+    let waiting = tokio::spawn({
+        let multi = multi.clone();
+        async move { multi.lock().await }
+    });
+    // While it waits, the first name stays free (checked over a while).
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !exists_any(&mut conn, first).await,
+            "holds nothing while it waits"
+        );
+    }
+    held.release().await.unwrap();
+    let guard = within(5.0, "woken by the release on the other master", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    for key in [&first_key, &second_key] {
+        assert_eq!(
+            get_any(&mut conn, key).await.as_deref(),
+            Some(guard.token().expose())
+        );
+    }
+    guard.release().await.unwrap();
+    for key in [&first_key, &second_key] {
+        assert!(!exists_any(&mut conn, key).await, "{key} released");
+    }
+}
+
+/// Holds `lock` for a while with a short TTL and returns how many round trips the
+/// client's renewal made per renewal of the lease.
+async fn round_trips_per_renewal(client: &Client, lock: &redlease::MultiLock) -> f64 {
+    let guard = lock.try_lock().await.unwrap();
+    let before = client.stats();
+    // A 300 ms lease renews every 100 ms.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = client.stats();
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    let renewed = after.leases_renewed - before.leases_renewed;
+    assert!(renewed >= 4, "renewed {renewed} times in 1 s");
+    assert_eq!(after.leases_lost_by_renewal, 0);
+    (after.renewal_round_trips - before.renewal_round_trips) as f64 / renewed as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_one_round_trip_per_node() {
+    let ttl = LeaseOptions::new().ttl(Duration::from_millis(300));
+    let server = server();
+    let client = client(&server.url()).await;
+    let three = client.multi_lock_with(["r1", "r2", "r3"], ttl).unwrap();
+    assert_eq!(round_trips_per_renewal(&client, &three).await, 1.0, "one server");
+
+    let cluster = cluster(3);
+    let client = cluster_client(&cluster).await;
+    let apart = [name_on(&cluster, 0, "r"), name_on(&cluster, 1, "r")];
+    let lock = client.multi_lock_with(&apart, ttl).unwrap();
+    assert_eq!(round_trips_per_renewal(&client, &lock).await, 2.0, "two masters");
+    let tagged = client.multi_lock_with(["{t}r1", "{t}r2", "{t}r3"], ttl).unwrap();
+    assert_eq!(
+        round_trips_per_renewal(&client, &tagged).await,
+        1.0,
+        "one hash tag"
+    );
+    // And the keys' TTLs really were kept up on both masters.
+    let guard = lock.try_lock().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let mut conn = raw_cluster(&cluster).await;
+    for key in lock.keys() {
+        assert!(pttl_any(&mut conn, key).await > 100, "{key} renewed");
+    }
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_one_name_loses_the_lease_and_frees_the_others() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let opts = LeaseOptions::new().ttl(Duration::from_millis(600));
+    let guard = client
+        .multi_lock_with(["keep", "lose"], opts)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg("redlease:lose")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reason = within(2.0, "lost within a renewal interval", guard.lost()).await;
+    assert_eq!(reason, LostReason::Gone);
+    assert!(!guard.is_held());
+    eventually(2.0, "the other name is freed", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:keep").await }
+    })
+    .await;
+    let err = guard.release().await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_reaches_every_name_and_refuses_a_lost_lease() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let guard = client.multi_lock(["e1", "e2"]).unwrap().lock().await.unwrap();
+    guard.extend(Duration::from_secs(120)).await.unwrap();
+    for key in ["redlease:e1", "redlease:e2"] {
+        assert!(pttl(&mut conn, key).await > 100_000, "{key} extended");
+    }
+    assert_eq!(guard.lease().ttl(), Duration::from_secs(120));
+    assert!(guard.valid_until() > std::time::Instant::now() + Duration::from_secs(100));
+    let _: () = redis::cmd("SET")
+        .arg("redlease:e2")
+        .arg("someone-else")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = guard.extend(Duration::from_secs(60)).await.unwrap_err();
+    assert!(err.is_not_held(), "{err}");
+    assert_eq!(guard.lease().lost_reason(), Some(LostReason::Gone));
+    eventually(2.0, "the name still held is freed", || {
+        let mut conn = conn.clone();
+        async move { !exists(&mut conn, "redlease:e1").await }
+    })
+    .await;
+    assert_eq!(
+        get(&mut conn, "redlease:e2").await.as_deref(),
+        Some("someone-else"),
+        "not ours to free"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_and_a_wrong_type_takes_nothing() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let none: [&str; 0] = [];
+    for err in [
+        client.multi_lock(none).unwrap_err(),
+        client.multi_lock(["a", "b", "a"]).unwrap_err(),
+        client.multi_lock(["a", ""]).unwrap_err(),
+        client
+            .multi_lock_with(["a", "b"], LeaseOptions::new().ttl(Duration::ZERO))
+            .unwrap_err(),
+        client
+            .multi_lock_with(["a", "b"], LeaseOptions::new().replica_ack(ReplicaAck::new(1)))
+            .unwrap_err(),
+    ] {
+        assert!(err.is_invalid_input(), "{err}");
+    }
+    let _: () = redis::cmd("LPUSH")
+        .arg("redlease:listy")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = client
+        .multi_lock(["fine", "listy"])
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, redlease::Error::WrongType { .. }), "{err}");
+    assert!(!exists(&mut conn, "redlease:fine").await, "nothing taken");
+    assert!(
+        !exists(&mut conn, "{redlease:fine}:meta").await,
+        "no fencing token used"
+    );
+}
