@@ -2,12 +2,12 @@
 //! over every name — a renewal of all of them in one round trip per node, an extend
 //! and a release of all of them at once.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::MultiLock;
+use super::{MultiLock, Shared};
 use crate::engine::guard::{CustomKeeper, GuardCore, guard_surface};
 use crate::engine::lease::{LeaseState, RenewRound, Renewal};
 use crate::error::Result;
@@ -15,16 +15,26 @@ use crate::token::{FencingToken, Token};
 
 /// The renewal task's view of a multi-lock's lease: one script call per hash slot,
 /// batched into one round trip per node.
+///
+/// It refers to the lock weakly: the renewal task keeps a lease until its next due
+/// time, and the lock keeps the client's context — a strong reference would keep the
+/// client's background tasks alive that long after the guard was gone.
 #[derive(Debug)]
 pub(super) struct Renewing {
-    pub lock: MultiLock,
+    pub lock: Weak<Shared>,
     pub token: Token,
 }
 
 impl RenewRound for Renewing {
     fn renew(&self, ttl: Duration) -> BoxFuture<'static, Renewal> {
-        let (lock, token) = (self.lock.clone(), self.token.clone());
-        Box::pin(async move { lock.renew_round(&token, ttl).await })
+        let (lock, token) = (self.lock.upgrade(), self.token.clone());
+        Box::pin(async move {
+            match lock {
+                Some(shared) => MultiLock { shared }.renew_round(&token, ttl).await,
+                // The guard, and so its lease, is gone: nothing to renew.
+                None => Renewal::Gone,
+            }
+        })
     }
 }
 

@@ -544,7 +544,7 @@ impl MultiLock {
             }
         }
         let round = Arc::new(Renewing {
-            lock: self.clone(),
+            lock: Arc::downgrade(&self.shared),
             token: token.clone(),
         });
         let state = LeaseState::new(
