@@ -12,6 +12,10 @@
 //! - [`RwLock`]: many readers or one writer, writer-preferring; every share its own lease.
 //! - [`Semaphore`] / [`Permit`]: N permits per name, each acquisition a lease that comes
 //!   back when its holder stops renewing it.
+//! - [`MultiLock`] / [`MultiLockGuard`]: several names held as one, taken all or none —
+//!   each name exactly the plain [`Mutex`] of that name, with its own fencing token —
+//!   without ever holding one name while waiting for another, so takers of overlapping
+//!   sets cannot deadlock; across the masters of a Redis Cluster too.
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`optimistic`]: no lock at all — `WATCH`/`MULTI`/`EXEC` transactions with bounded
@@ -37,7 +41,7 @@
 //! - the public face: `client` (the [`Client`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
-//!   `legacy`, `redlock`: only what is specific to each, its keys, scripts, reply
+//!   `legacy`, `redlock`, `multi`: only what is specific to each, its keys, scripts, reply
 //!   shapes and waiting policy;
 //! - `engine/`: the lease engine — leases and their ordering, the renewal task,
 //!   wake-ups, the acquire loop, requests with retries and deadlines, and the one

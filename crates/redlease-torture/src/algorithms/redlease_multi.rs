@@ -1,6 +1,6 @@
 //! `redlease-multi`: the library's lock over several names, two names per critical
-//! section. A client task asks for its lock and the next one (of at least three, so the
-//! pairs form a cycle: {0,1}, {1,2}, {2,0}), listing them in one order and then the
+//! section. A client task asks for its lock and the next one (of at least four, so the
+//! pairs form a cycle: {0,1}, {1,2}, {2,3}, {3,0}), listing them in one order and then the
 //! other on alternate acquisitions; its holder read-increment-writes the counter of
 //! each name, fenced by that name's own token. A lock over several names that held one
 //! name while waiting for another would deadlock here; one whose names were not each
@@ -39,7 +39,8 @@ impl Algorithm for RedleaseMulti {
     }
 
     fn min_locks(&self) -> usize {
-        3
+        // A cycle of pairs in which two holders can still be inside at once.
+        4
     }
 
     fn connect<'a>(&'a self, env: &'a LockEnv) -> BoxFuture<'a, Result<Arc<dyn LockClient>, String>> {
