@@ -83,11 +83,15 @@ pub enum Held {
 }
 
 impl Locker {
-    pub async fn connect(contender: Contender, url: &str) -> Locker {
-        match contender {
+    /// Connects a client of `contender`. An error is the contender's failure.
+    pub async fn connect(contender: Contender, url: &str) -> Result<Locker, String> {
+        Ok(match contender {
             Contender::Raw => {
-                let client = redis::Client::open(url).expect("redis url");
-                let conn = client.get_multiplexed_async_connection().await.expect("connect");
+                let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
                 Locker::Raw {
                     conn,
                     unlock: redis::Script::new(UNLOCK),
@@ -95,8 +99,11 @@ impl Locker {
                 }
             }
             Contender::Redlease | Contender::RedleaseFair => {
-                let client = redis::Client::open(url).expect("redis url");
-                let redlease = redlease::Client::builder(client).build().await.expect("connect");
+                let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+                let redlease = redlease::Client::builder(client)
+                    .build()
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?;
                 if contender == Contender::RedleaseFair {
                     Locker::RedleaseFair(redlease)
                 } else {
@@ -110,14 +117,15 @@ impl Locker {
                 }
                 Locker::Rslock(mgr)
             }
-        }
+        })
     }
 
-    /// Takes `name`, waiting as long as it takes.
-    pub async fn lock(&self, name: &str, ttl: Duration) -> Held {
+    /// Takes `name`, waiting as long as it takes. An error is the contender's failure
+    /// (the lock is not held).
+    pub async fn lock(&self, name: &str, ttl: Duration) -> Result<Held, String> {
         match self {
             Locker::Raw { conn, .. } => {
-                let token = format!("{:032x}", rand_u128());
+                let token = format!("{:032x}", rand_u128()?);
                 let mut conn = conn.clone();
                 loop {
                     let ok: Option<String> = redis::cmd("SET")
@@ -128,12 +136,12 @@ impl Locker {
                         .arg(ttl.as_millis() as u64)
                         .query_async(&mut conn)
                         .await
-                        .expect("SET NX");
+                        .map_err(|e| format!("SET NX: {e}"))?;
                     if ok.is_some() {
-                        return Held::Raw {
+                        return Ok(Held::Raw {
                             key: name.to_owned(),
                             token,
-                        };
+                        });
                     }
                     tokio::task::yield_now().await;
                 }
@@ -141,65 +149,89 @@ impl Locker {
             Locker::Redlease(client) => {
                 let mutex = client
                     .mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
-                    .expect("valid name");
-                Held::Redlease(Box::new(mutex.lock().await.expect("lock")))
+                    .map_err(|e| format!("mutex: {e}"))?;
+                let guard = mutex.lock().await.map_err(|e| format!("lock: {e}"))?;
+                Ok(Held::Redlease(Box::new(guard)))
             }
             Locker::RedleaseFair(client) => {
                 let mutex = client
                     .fair_mutex_with(name, redlease::LeaseOptions::new().ttl(ttl))
-                    .expect("valid name");
-                Held::Redlease(Box::new(mutex.lock().await.expect("lock")))
+                    .map_err(|e| format!("fair mutex: {e}"))?;
+                let guard = mutex.lock().await.map_err(|e| format!("lock: {e}"))?;
+                Ok(Held::Redlease(Box::new(guard)))
             }
-            Locker::Rslock(mgr) => Held::Rslock(mgr.acquire_no_guard(name, ttl).await.expect("acquire")),
+            Locker::Rslock(mgr) => mgr
+                .acquire_no_guard(name, ttl)
+                .await
+                .map(Held::Rslock)
+                .map_err(|e| format!("acquire: {e:?}")),
         }
     }
 
-    /// Releases a held lock.
-    pub async fn unlock(&self, held: Held) {
+    /// Releases a held lock. An error (including a lock found already gone) is the
+    /// contender's failure. rslock's unlock is best effort and reports nothing.
+    pub async fn unlock(&self, held: Held) -> Result<(), String> {
         match (self, held) {
             (Locker::Raw { conn, unlock, .. }, Held::Raw { key, token }) => {
                 let mut conn = conn.clone();
-                let _: i64 = unlock
+                let deleted: i64 = unlock
                     .key(key)
                     .arg(token)
                     .invoke_async(&mut conn)
                     .await
-                    .expect("unlock");
+                    .map_err(|e| format!("unlock: {e}"))?;
+                if deleted == 1 {
+                    Ok(())
+                } else {
+                    Err("unlock: the lock was no longer held".into())
+                }
             }
             (Locker::Redlease(_) | Locker::RedleaseFair(_), Held::Redlease(guard)) => {
-                guard.release().await.expect("release")
+                guard.release().await.map_err(|e| format!("release: {e}"))
             }
-            (Locker::Rslock(mgr), Held::Rslock(lock)) => mgr.unlock(&lock).await,
-            _ => unreachable!("a lock is released by the contender that took it"),
+            (Locker::Rslock(mgr), Held::Rslock(lock)) => {
+                mgr.unlock(&lock).await;
+                Ok(())
+            }
+            _ => Err("a lock released by another contender than the one that took it".into()),
         }
     }
 
-    /// One manual renewal round trip of a held lock (for contenders without auto-renewal).
-    pub async fn extend(&self, held: &Held, ttl: Duration) {
+    /// One manual renewal round trip of a held lock (for contenders without
+    /// auto-renewal). An error means the lease is lost (rslock deletes the key of an
+    /// extension that failed).
+    pub async fn extend(&self, held: &Held, ttl: Duration) -> Result<(), String> {
         match (self, held) {
             (Locker::Raw { conn, extend, .. }, Held::Raw { key, token }) => {
                 let mut conn = conn.clone();
-                let _: i64 = extend
+                let extended: i64 = extend
                     .key(key)
                     .arg(token)
                     .arg(ttl.as_millis() as u64)
                     .invoke_async(&mut conn)
                     .await
-                    .expect("extend");
+                    .map_err(|e| format!("extend: {e}"))?;
+                if extended == 1 {
+                    Ok(())
+                } else {
+                    Err("extend: the lock was no longer held".into())
+                }
             }
-            (Locker::Rslock(mgr), Held::Rslock(lock)) => {
-                mgr.extend(lock, ttl).await.expect("extend");
-            }
-            _ => {}
+            (Locker::Rslock(mgr), Held::Rslock(lock)) => mgr
+                .extend(lock, ttl)
+                .await
+                .map(drop)
+                .map_err(|e| format!("extend: {e:?}")),
+            _ => Ok(()),
         }
     }
 }
 
 /// 128 random bits from the OS for raw-redis tokens (the same source and strength redlease uses).
-fn rand_u128() -> u128 {
+fn rand_u128() -> Result<u128, String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).expect("OS random source");
-    u128::from_le_bytes(b)
+    getrandom::fill(&mut b).map_err(|e| format!("OS random source: {e}"))?;
+    Ok(u128::from_le_bytes(b))
 }
 
 const SEM_ACQUIRE: &str = r#"
@@ -230,24 +262,32 @@ pub enum PermitHeld {
 }
 
 impl Permitter {
-    pub async fn connect(contender: Contender, url: &str) -> Option<Permitter> {
-        let client = redis::Client::open(url).expect("redis url");
-        match contender {
+    /// Connects a semaphore client of `contender`; `Ok(None)` for contenders without
+    /// a semaphore.
+    pub async fn connect(contender: Contender, url: &str) -> Result<Option<Permitter>, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("redis url: {e}"))?;
+        Ok(match contender {
             Contender::Raw => Some(Permitter::Raw {
-                conn: client.get_multiplexed_async_connection().await.expect("connect"),
+                conn: client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?,
                 acquire: redis::Script::new(SEM_ACQUIRE),
             }),
             Contender::Redlease => Some(Permitter::Redlease(
-                redlease::Client::builder(client).build().await.expect("connect"),
+                redlease::Client::builder(client)
+                    .build()
+                    .await
+                    .map_err(|e| format!("connect: {e}"))?,
             )),
             _ => None,
-        }
+        })
     }
 
-    pub async fn acquire(&self, name: &str, limit: u32, ttl: Duration) -> PermitHeld {
+    pub async fn acquire(&self, name: &str, limit: u32, ttl: Duration) -> Result<PermitHeld, String> {
         match self {
             Permitter::Raw { conn, acquire } => {
-                let member = format!("{:032x}", rand_u128());
+                let member = format!("{:032x}", rand_u128()?);
                 let mut conn = conn.clone();
                 loop {
                     let got: i64 = acquire
@@ -257,12 +297,12 @@ impl Permitter {
                         .arg(&member)
                         .invoke_async(&mut conn)
                         .await
-                        .expect("acquire");
+                        .map_err(|e| format!("acquire: {e}"))?;
                     if got == 1 {
-                        return PermitHeld::Raw {
+                        return Ok(PermitHeld::Raw {
                             key: name.to_owned(),
                             member,
-                        };
+                        });
                     }
                     tokio::task::yield_now().await;
                 }
@@ -270,27 +310,35 @@ impl Permitter {
             Permitter::Redlease(client) => {
                 let sem = client
                     .semaphore_with(name, limit, redlease::LeaseOptions::new().ttl(ttl))
-                    .expect("semaphore");
-                PermitHeld::Redlease(sem.acquire().await.expect("acquire"))
+                    .map_err(|e| format!("semaphore: {e}"))?;
+                sem.acquire()
+                    .await
+                    .map(PermitHeld::Redlease)
+                    .map_err(|e| format!("acquire: {e}"))
             }
         }
     }
 
-    pub async fn release(&self, held: PermitHeld) {
+    pub async fn release(&self, held: PermitHeld) -> Result<(), String> {
         match (self, held) {
             (Permitter::Raw { conn, .. }, PermitHeld::Raw { key, member }) => {
                 let mut conn = conn.clone();
-                let _: i64 = redis::cmd("ZREM")
+                let removed: i64 = redis::cmd("ZREM")
                     .arg(key)
                     .arg(member)
                     .query_async(&mut conn)
                     .await
-                    .expect("ZREM");
+                    .map_err(|e| format!("ZREM: {e}"))?;
+                if removed == 1 {
+                    Ok(())
+                } else {
+                    Err("release: the permit was no longer held".into())
+                }
             }
             (Permitter::Redlease(_), PermitHeld::Redlease(permit)) => {
-                permit.release().await.expect("release")
+                permit.release().await.map_err(|e| format!("release: {e}"))
             }
-            _ => unreachable!("a permit is released by the contender that took it"),
+            _ => Err("a permit released by another contender than the one that took it".into()),
         }
     }
 }

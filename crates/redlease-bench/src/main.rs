@@ -18,13 +18,16 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use contenders::Contender;
-use scenarios::{Outcome, Plan};
+use measure::RedisProbe;
+use scenarios::{Bench, Outcome, Plan};
 
 /// Benchmarks redlease against raw redis commands and rslock, interleaved in one run.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Redis to run against (default: start a throwaway redis-server on loopback).
+    /// Redis to run against (default: start a throwaway redis-server on loopback). It
+    /// must serve nothing but the bench during the run: Redis CPU is the server's
+    /// total. Keys containing `bench:` are deleted between measured windows.
     #[arg(long, value_name = "URL")]
     redis: Option<String>,
 
@@ -55,10 +58,11 @@ enum Worker {
     Worker { spec: String },
 }
 
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "uncontended-sequential",
     "uncontended-parallel-64",
     "contended-1key-16",
+    "contended-hold-1ms",
     "handoff-latency",
     "renewal-10k",
     "fair-vs-unfair",
@@ -127,11 +131,33 @@ async fn run(args: Args) -> Result<(), String> {
             server.url()
         }
     };
-    let rtt = scenarios::loopback_rtt_us(&url).await;
+    let mut probe = RedisProbe::connect(&url).await?;
+    if args.redis.is_some() {
+        match probe.other_clients().await {
+            Ok(0) => {}
+            Ok(n) => eprintln!(
+                "warning: {n} other client(s) connected to {url}: Redis CPU per op counts whatever they make the server do"
+            ),
+            Err(e) => eprintln!("warning: cannot list the server's clients: {e}"),
+        }
+    }
+    // Keys of an earlier run must not expire inside this one's windows.
+    probe.cleanup().await?;
+    probe.calibrate().await?;
+    let rtt = scenarios::loopback_rtt_us(&url).await?;
     eprintln!(
         "redis {url}; loopback round trip p50 {rtt:.0} µs; {} rounds of {:?}",
         plan.rounds, plan.round
     );
+    eprintln!(
+        "redis cpu: one INFO sample costs {:.1} µs (subtracted from every window); idle server {:.0} µs/s",
+        probe.info_cost_us, probe.idle_us_per_s
+    );
+    let bench = Bench {
+        url: url.clone(),
+        plan,
+        probe,
+    };
 
     let mut outcomes: Vec<Outcome> = Vec::new();
     for name in SCENARIOS {
@@ -140,13 +166,14 @@ async fn run(args: Args) -> Result<(), String> {
         }
         eprintln!("running {name} ...");
         let outcome = match name {
-            "uncontended-sequential" => scenarios::uncontended_sequential(&url, &contenders, plan).await,
-            "uncontended-parallel-64" => scenarios::uncontended_parallel(&url, &contenders, plan).await,
-            "contended-1key-16" => scenarios::contended(&url, &contenders, plan).await,
-            "handoff-latency" => scenarios::handoff(&url, &contenders, plan, rtt).await,
-            "renewal-10k" => scenarios::renewal(&url, &contenders, plan).await,
-            "fair-vs-unfair" => scenarios::fair_vs_unfair(&url, plan).await,
-            "semaphore" => scenarios::semaphore(&url, &contenders, plan).await,
+            "uncontended-sequential" => scenarios::uncontended_sequential(&bench, &contenders).await,
+            "uncontended-parallel-64" => scenarios::uncontended_parallel(&bench, &contenders).await,
+            "contended-1key-16" => scenarios::contended(&bench, &contenders).await,
+            "contended-hold-1ms" => scenarios::contended_hold(&bench, &contenders).await,
+            "handoff-latency" => scenarios::handoff(&bench, &contenders, rtt).await,
+            "renewal-10k" => scenarios::renewal(&bench, &contenders).await,
+            "fair-vs-unfair" => scenarios::fair_vs_unfair(&bench).await,
+            "semaphore" => scenarios::semaphore(&bench, &contenders).await,
             _ => unreachable!(),
         };
         print_outcome(&outcome);
@@ -163,6 +190,8 @@ async fn run(args: Args) -> Result<(), String> {
             "rounds": plan.rounds,
             "round_secs": plan.round.as_secs_f64(),
             "redis_version": redis_version(&url).await,
+            "redis_info_cost_us": bench.probe.info_cost_us,
+            "redis_idle_cpu_us_per_s": bench.probe.idle_us_per_s,
             "scenarios": outcomes,
         });
         let text = serde_json::to_string_pretty(&doc).expect("json");
@@ -208,8 +237,75 @@ fn print_outcome(o: &Outcome) {
         println!("  {name:<14} {value:>14.1} {ratio:>22}   [{}]", rounds.join(", "));
     }
     for (metric, values) in &o.metrics {
+        if SPECIAL_METRICS.contains(&metric.as_str()) {
+            continue;
+        }
         let parts: Vec<String> = values.iter().map(|(c, v)| format!("{c} {v:.2}")).collect();
         println!("  {metric}: {}", parts.join(", "));
+    }
+    let cpu_line = |metric: &str, label: &str| {
+        let Some(values) = o.metrics.get(metric) else {
+            return;
+        };
+        let raw = values.get("raw-redis").copied().filter(|r| *r > 0.0);
+        let parts: Vec<String> = values
+            .iter()
+            .map(|(c, v)| match raw {
+                Some(r) if c != "raw-redis" => format!("{c} {} ({:.2}x raw)", cpu(*v), v / r),
+                _ => format!("{c} {}", cpu(*v)),
+            })
+            .collect();
+        println!("  {label}: {}", parts.join(", "));
+    };
+    cpu_line("redis_cpu_us_per_op", &format!("redis cpu µs/op ({})", o.op));
+    if let (Some(idle), Some(total)) = (
+        o.metrics.get("redis_idle_cpu_us_per_op"),
+        o.metrics.get("redis_cpu_us_per_op"),
+    ) {
+        // Worth a line only where the idle server is a visible part of the figure.
+        if idle
+            .iter()
+            .any(|(c, v)| total.get(c).is_some_and(|t| *v > 0.05 * t))
+        {
+            let parts: Vec<String> = idle.iter().map(|(c, v)| format!("{c} {}", cpu(*v))).collect();
+            println!("    of which the idle server's own: {}", parts.join(", "));
+        }
+    }
+    cpu_line("client_cpu_us_per_op", "client cpu µs/op");
+    let failed: Vec<String> = o
+        .metrics
+        .get("failures")
+        .into_iter()
+        .flatten()
+        .filter(|(_, n)| **n > 0.0)
+        .map(|(c, n)| match o.failure_examples.get(c) {
+            Some(e) => format!("{c} {n:.0} (first: {e})"),
+            None => format!("{c} {n:.0}"),
+        })
+        .collect();
+    if failed.is_empty() {
+        println!("  failures: none");
+    } else {
+        println!("  failures: {}", failed.join("; "));
+    }
+}
+
+/// Metrics printed in a form of their own, not in the generic list.
+const SPECIAL_METRICS: [&str; 4] = [
+    "redis_cpu_us_per_op",
+    "redis_idle_cpu_us_per_op",
+    "client_cpu_us_per_op",
+    "failures",
+];
+
+/// A CPU figure in µs with about three significant digits.
+fn cpu(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else if v < 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.0}")
     }
 }
 

@@ -19,6 +19,7 @@ const COMMANDS: &[&str] = &[
     "get",
     "set",
     "del",
+    "unlink",
     "exists",
     "pttl",
     "pexpire",
@@ -94,7 +95,7 @@ mod tests {
             acl_rules("redlease:").join(" "),
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
-             +get +set +del +exists +pttl +pexpire +publish +time \
+             +get +set +del +unlink +exists +pttl +pexpire +publish +time \
              +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore"
         );
     }

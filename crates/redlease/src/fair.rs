@@ -293,6 +293,7 @@ impl FairMutex {
             ),
             release: self.release_call(&token, "".into()),
             token,
+            grant: None,
         };
         let ttl = s.base.options.ttl;
         let position = StdMutex::new((None::<u64>, on_position));

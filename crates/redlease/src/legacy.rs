@@ -296,6 +296,7 @@ impl LegacyLock {
             ),
             release,
             token,
+            grant: None,
         };
         let poll = s.legacy.poll_interval;
         let core = s

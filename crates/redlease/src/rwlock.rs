@@ -275,6 +275,7 @@ impl RwLock {
             renew: self.read_renew_call(&token),
             release,
             token,
+            grant: None,
         };
         let ttl = s.base.options.ttl;
         let core = s
@@ -357,6 +358,7 @@ impl RwLock {
             ),
             release: self.write_release_call(&token, false),
             token,
+            grant: None,
         };
         let ttl = s.base.options.ttl;
         let waits = wait.waits();

@@ -264,6 +264,7 @@ impl Semaphore {
             renew: self.call(&SEM_EXTEND, &token, &count),
             release,
             token,
+            grant: None,
         };
         let ttl = s.base.options.ttl;
         let core = s

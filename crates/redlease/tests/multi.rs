@@ -369,12 +369,16 @@ async fn a_plain_mutex_excludes_a_multi_lock_and_the_other_way_round() {
         let mutex = holder.mutex("left").unwrap();
         async move { mutex.lock().await }
     });
+    // (Once it waits, the plain waiter registers, and the release hands it the name
+    // straight away, as a plain mutex's release would.)
     tokio::time::sleep(Duration::from_millis(100)).await;
+    let left_fence = guard.fence_of("left").unwrap();
     guard.release().await.unwrap();
-    let got = within(5.0, "the plain waiter is woken", plain)
+    let got = within(5.0, "the plain waiter gets the name", plain)
         .await
         .unwrap()
         .unwrap();
+    assert!(got.fence() > left_fence, "the name's fencing sequence goes on");
     got.release().await.unwrap();
 }
 

@@ -88,9 +88,26 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
         if i == 900 {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
         }
+        if i == 950 {
+            // A mark ahead of Redis's clock (as after the clock stepped back): the next
+            // token is the mark plus one, not the clock.
+            let _: () = redis::cmd("SET")
+                .arg("{redlease:fenced}:meta")
+                .arg(format!("{} 0 ahead-token ahead-host:1", 8_000_000_000_000_000u64))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            last = 8_000_000_000_000_000;
+        }
         let guard = mutex.try_lock().await.expect("free lock");
         let fence = guard.fence().get();
         assert!(fence > last, "acquisition {i}: fence {fence} not above {last}");
+        if i == 950 {
+            assert_eq!(
+                fence, 8_000_000_000_000_001,
+                "one above a mark ahead of the clock"
+            );
+        }
         last = fence;
         guard.release().await.unwrap();
     }
@@ -584,4 +601,80 @@ async fn renewal_batches_every_lease_into_one_round_trip_per_tick() {
     for g in guards {
         g.release().await.unwrap();
     }
+}
+
+/// A waiter in another client is handed the lock by the release itself: the release
+/// sets the lock to the waiter's token and tells it, so the waiter sends no acquire of
+/// its own — one hop after the release instead of a wake-up and a round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_registered_waiter() {
+    let server = server();
+    let holder = client(&server.url()).await;
+    let waiter = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let first = holder.mutex("handed").unwrap().lock().await.unwrap();
+    let mutex = waiter.mutex("handed").unwrap();
+    let task = tokio::spawn(async move { mutex.lock().await });
+    // The waiter registered for a hand-over (and listens).
+    eventually(10.0, "the waiter registers", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: i64 = redis::cmd("ZCARD")
+                .arg("{redlease:handed}:q")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 1
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let evalsha = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|l| l.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = evalsha(info);
+    let first_fence = first.fence();
+    first.release().await.unwrap();
+    let second = within(10.0, "handed over", task).await.unwrap().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let after = evalsha(info);
+    assert!(second.is_held());
+    assert!(second.fence() > first_fence);
+    assert_eq!(
+        get(&mut conn, "redlease:handed").await.as_deref(),
+        Some(second.token().expose())
+    );
+    // The release, then at most the renewal that extends the short claim window: no
+    // acquire attempt by the waiter.
+    assert!(
+        after - before <= 2,
+        "{} script calls for the hand-over",
+        after - before
+    );
+    // The claim window is extended to the full lease right away.
+    eventually(5.0, "extended to the full lease", || {
+        let mut conn = conn.clone();
+        async move { pttl(&mut conn, "redlease:handed").await > 20_000 }
+    })
+    .await;
+    let n: i64 = redis::cmd("ZCARD")
+        .arg("{redlease:handed}:q")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "the registration went with the hand-over");
+    second.release().await.unwrap();
 }

@@ -11,7 +11,8 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
-use super::notify::{Subscription, WakeDebt};
+use super::lease::drift;
+use super::notify::{GrantSlot, Subscription, WakeDebt};
 use super::request::Acked;
 use crate::error::{Error, Result};
 use crate::script::reply::{array, int, ms};
@@ -45,6 +46,9 @@ pub(crate) struct Waiting<'a> {
     pub wait: Wait,
     /// Fallback wait when the holder's remaining lease is unknown.
     pub fallback: Duration,
+    /// The waiter's public id, when a release may hand it the lock directly (a message
+    /// `g <id> <details>` on `channel`).
+    pub grant: Option<&'a str>,
 }
 
 /// Runs `attempt` until it acquires, waiting for wake-ups in between; every attempt
@@ -55,14 +59,25 @@ pub(crate) struct Waiting<'a> {
 /// be confirmed, and tries again — a release between the two attempts is thus never
 /// missed. From then on it sleeps until a wake-up, the holder's remaining lease (plus
 /// jitter), or its deadline, whichever comes first.
-pub(crate) async fn acquire_loop<T, F, Fut>(spec: Waiting<'_>, mut attempt: F) -> Result<T>
+///
+/// With a grant id, the waiter also takes a lock handed to it by a release: `on_grant`
+/// turns the grant's details into the acquisition, or `None` when the grant turned out
+/// stale (then the waiter tries again).
+pub(crate) async fn acquire_loop<T, F, Fut, G, GFut>(
+    spec: Waiting<'_>,
+    mut attempt: F,
+    mut on_grant: G,
+) -> Result<T>
 where
     F: FnMut(Deadline) -> Fut,
     Fut: Future<Output = Result<Attempt<T>>>,
+    G: FnMut(String) -> GFut,
+    GFut: Future<Output = Result<Option<T>>>,
 {
     let started = Instant::now();
     let deadline = spec.wait.deadline();
     let mut sub: Option<Subscription> = None;
+    let mut grant: Option<GrantSlot> = None;
     let mut debt: Option<WakeDebt> = None;
     // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
     // so a wake-up is passed on only by waiters that had not yet tried since it came.
@@ -99,6 +114,7 @@ where
         let Some(s) = sub.as_ref() else {
             tracing::debug!(lock = %spec.name, "busy; waiting for a release");
             let s = spec.ctx.notifier.subscribe(spec.channel);
+            grant = spec.grant.map(|id| s.expect_grant(id));
             let wait_for = deadline.remaining().map_or(spec.ctx.subscribe_timeout, |left| {
                 left.min(spec.ctx.subscribe_timeout)
             });
@@ -110,8 +126,25 @@ where
         };
         let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
         let wake_at = Deadline::At(later(now, fallback.saturating_add(jitter(fallback)))).min(deadline);
+        let granted = async {
+            match grant.as_mut() {
+                Some(slot) => slot.granted().await,
+                None => std::future::pending().await,
+            }
+        };
         let woken = tokio::select! {
             _ = s.woken() => true,
+            details = granted => {
+                if let Some(value) = on_grant(details).await? {
+                    tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "handed the lock by a release");
+                    return Ok(value);
+                }
+                // A stale grant: try again (no wake-up was taken from anyone).
+                if let Some(slot) = grant.as_mut() {
+                    slot.clear();
+                }
+                false
+            }
             _ = wake_at.sleep() => false,
         };
         if deadline.passed() {
@@ -160,7 +193,27 @@ pub(crate) struct Acquire<'a> {
     pub renew: ScriptCall,
     /// Releases the lease.
     pub release: ScriptCall,
+    /// Releases may hand the lock straight to this waiter (see [`Granted`]).
+    pub grant: Option<Granted<'a>>,
 }
+
+/// A waiter a release may hand the lock to: the release sets the lock to the waiter's
+/// token for a short claim window, issues its fencing token, and tells it on the
+/// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
+/// trip of its own — from no later than its last attempt that found the lock busy
+/// (the release came after it), for the claim window — and the renewal task extends it
+/// to the full lease at once. A waiter that died after registering holds up the lock
+/// for at most the claim window.
+pub(crate) struct Granted<'a> {
+    /// The waiter's public id.
+    pub id: &'a str,
+    /// How long a grant holds the lock before its waiter extends it.
+    pub claim: Duration,
+}
+
+/// How much of a grant's claim window must be left for the waiter to rely on it without
+/// confirming it first: enough for the renewal that extends it to come back.
+const GRANT_MARGIN: Duration = Duration::from_millis(100);
 
 /// What the reply to one attempt says.
 pub(crate) enum Reply {
@@ -233,6 +286,7 @@ impl LockBase {
             undo,
             renew,
             release,
+            grant,
         } = spec;
         let claim = self.claim(undo);
         let op = self.op("acquire");
@@ -243,32 +297,69 @@ impl LockBase {
             channel,
             wait,
             fallback: self.options.ttl,
+            grant: None,
         };
-        let (claim_ref, parse_ref) = (&claim, &parse);
-        let (fence, remaining, sent, acked) = acquire_loop(waiting, move |deadline| async move {
-            claim_ref.arm();
-            let Acked { reply, acked, sent } = op
-                .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
-                .await
-                .inspect_err(|e| {
-                    if !e.is_unavailable() {
-                        // A definite error reply: the scripts fail before any write.
-                        claim_ref.answered_no();
+        // When the last attempt that found the lock busy was sent: a grant came after it.
+        let last_busy: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+        let (claim_ref, parse_ref, last_busy_ref, renew_ref) = (&claim, &parse, &last_busy, &renew);
+        let ttl = self.options.ttl;
+        let deadline = wait.deadline();
+        let claim_window = grant.as_ref().map(|g| g.claim);
+        let (fence, remaining, sent, acked) = acquire_loop(
+            Waiting {
+                grant: grant.as_ref().map(|g| g.id),
+                ..waiting
+            },
+            move |deadline| async move {
+                claim_ref.arm();
+                let Acked { reply, acked, sent } = op
+                    .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
+                    .await
+                    .inspect_err(|e| {
+                        if !e.is_unavailable() {
+                            // A definite error reply: the scripts fail before any write.
+                            claim_ref.answered_no();
+                        }
+                    })?;
+                // The lease runs from when the answered attempt was sent, after retries.
+                match parse_ref(&reply, sent)? {
+                    Reply::Acquired { fence, remaining } => {
+                        Ok(Attempt::Acquired((fence, remaining, sent, acked)))
                     }
-                })?;
-            // The lease runs from when the answered attempt was sent, after retries.
-            match parse_ref(&reply, sent)? {
-                Reply::Acquired { fence, remaining } => {
-                    Ok(Attempt::Acquired((fence, remaining, sent, acked)))
-                }
-                Reply::Busy { busy, queued } => {
-                    if !queued {
-                        claim_ref.answered_no();
+                    Reply::Busy { busy, queued } => {
+                        if !queued {
+                            claim_ref.answered_no();
+                        }
+                        *last_busy_ref.lock().expect("last busy") = Some(sent);
+                        Ok(Attempt::Busy(busy))
                     }
-                    Ok(Attempt::Busy(busy))
                 }
-            }
-        })
+            },
+            move |details: String| async move {
+                let Some(fence) = details.split(' ').next().and_then(|f| f.parse::<u64>().ok()) else {
+                    return Ok(None);
+                };
+                let claim = claim_window.unwrap_or_default();
+                let busy = *last_busy_ref.lock().expect("last busy");
+                if let Some(busy) = busy
+                    && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
+                {
+                    return Ok(Some((Some(fence), claim, busy, None)));
+                }
+                // Waited too long to rely on the claim window: confirm by extending.
+                let ttl_ms = ttl.as_millis() as u64;
+                let Acked { reply, sent, .. } = op
+                    .eval_acked(
+                        renew_ref.script,
+                        &renew_ref.cmd_with_ttl(ttl_ms),
+                        None,
+                        deadline,
+                        None,
+                    )
+                    .await?;
+                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, None)))
+            },
+        )
         .await?;
         let core = self.hold(Held {
             token,

@@ -24,7 +24,8 @@ pub(crate) struct Context {
     pub prefix: String,
     /// The owner label stored beside each held lock.
     pub label: Arc<str>,
-    /// Metadata retention in milliseconds, as the script argument.
+    /// Metadata retention in milliseconds, and as the script argument.
+    pub retention_ms: u64,
     pub retention_arg: Arc<str>,
     /// `PUBLISH` or `SPUBLISH`, as the script argument.
     pub publish: Arc<str>,
@@ -70,6 +71,7 @@ impl Context {
             locals: Locals::default(),
             prefix,
             label: label.into(),
+            retention_ms: retention.as_millis() as u64,
             retention_arg: retention.as_millis().to_string().into(),
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),

@@ -54,6 +54,9 @@ pub(crate) struct Channel {
     /// Local waiters subscribed; changed only under the registry lock.
     waiters: AtomicUsize,
     subscribed: watch::Sender<bool>,
+    /// Waiters that may be handed the lock by a release, by their public id: a message
+    /// `g <id> <details>` is a grant for that waiter alone.
+    grants: std::sync::Mutex<HashMap<String, watch::Sender<Option<String>>>>,
 }
 
 impl Channel {
@@ -63,6 +66,7 @@ impl Channel {
             generation: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
             subscribed: watch::channel(false).0,
+            grants: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -77,8 +81,17 @@ impl Channel {
     }
 
     /// Wakes as many waiters as a message's payload says: `*` all, `<n>` that many (at
-    /// most as many as wait here), anything else one.
+    /// most as many as wait here), anything else one — or, for `g <id> <details>`, hands
+    /// the grant to the waiter `id` if it is one of ours, and wakes nobody else.
     fn deliver(&self, payload: &[u8]) {
+        if let Some(grant) = payload.strip_prefix(b"g ") {
+            let text = String::from_utf8_lossy(grant);
+            let (id, details) = text.split_once(' ').unwrap_or((&text, ""));
+            if let Some(slot) = self.grants.lock().expect("grants lock").get(id) {
+                slot.send_replace(Some(details.to_owned()));
+            }
+            return;
+        }
         if payload == b"*" {
             self.message(usize::MAX);
         } else {
@@ -211,6 +224,58 @@ impl Subscription {
     /// unsettled (the waiter was cancelled before trying), it is passed on.
     pub fn debt(&self) -> WakeDebt {
         WakeDebt(Some(self.state.clone()))
+    }
+
+    /// Lets a release hand the lock to the waiter `id` through this channel (a message
+    /// `g <id> <details>`); the grant's details arrive on the returned slot.
+    pub fn expect_grant(&self, id: &str) -> GrantSlot {
+        let (tx, rx) = watch::channel(None);
+        self.state
+            .grants
+            .lock()
+            .expect("grants lock")
+            .insert(id.to_owned(), tx);
+        GrantSlot {
+            channel: self.state.clone(),
+            id: id.to_owned(),
+            rx,
+        }
+    }
+}
+
+/// Where a grant for one waiter arrives (see [`Subscription::expect_grant`]); stops
+/// expecting it when dropped.
+#[derive(Debug)]
+pub(crate) struct GrantSlot {
+    channel: Arc<Channel>,
+    id: String,
+    rx: watch::Receiver<Option<String>>,
+}
+
+impl GrantSlot {
+    /// Waits for a grant and returns its details. Cancel safe.
+    pub async fn granted(&mut self) -> String {
+        loop {
+            if let Some(details) = self.rx.borrow_and_update().clone() {
+                return details;
+            }
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Forgets a grant received so far (it was found stale).
+    pub fn clear(&mut self) {
+        if let Some(tx) = self.channel.grants.lock().expect("grants lock").get(&self.id) {
+            tx.send_replace(None);
+        }
+    }
+}
+
+impl Drop for GrantSlot {
+    fn drop(&mut self) {
+        self.channel.grants.lock().expect("grants lock").remove(&self.id);
     }
 }
 

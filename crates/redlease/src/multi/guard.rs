@@ -117,8 +117,9 @@ impl MultiLockGuard {
         self.fences.get(i).copied()
     }
 
-    /// Releases every name (compare-and-delete) and wakes a waiter of each: one
-    /// script call per hash slot the names span, sent at once.
+    /// Releases every name, as the plain mutex releases it: compare-and-delete and a
+    /// wake-up, or a hand-over to a plain [`Mutex`](crate::Mutex) waiter registered for
+    /// that name. One script call per hash slot the names span, sent at once.
     ///
     /// # Cancel safety
     ///

@@ -65,7 +65,10 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// processes taking overlapping sets do not retry in lockstep. A missed wake-up costs
 /// at most the remaining lease of the name that kept it out.
 ///
-/// Not fair: processes that lock one of the names alone may go first again and again.
+/// Not fair: processes that lock one of the names alone may go first again and again —
+/// a release of a name hands it straight to a plain [`Mutex`](crate::Mutex) waiter
+/// registered for it, as a plain release does, while a multi-lock waiter does not
+/// register (it needs every name at once, not one).
 ///
 /// # Guarantees
 ///
@@ -104,6 +107,11 @@ struct Shared {
     options: LeaseOptions,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
+    /// The metadata's TTL (the lease plus the retention), as the script argument.
+    meta_px_arg: Arc<str>,
+    /// How long a name a release hands to a plain mutex's registered waiter holds
+    /// before that waiter extends it, as the script argument (the plain mutex's rule).
+    claim_arg: Arc<str>,
     /// The names joined with `+`: what the guard surface, logs and errors about all of
     /// them show.
     label: Arc<str>,
@@ -111,11 +119,15 @@ struct Shared {
     key_label: Arc<str>,
 }
 
+/// One name, with the plain mutex's keys and channel of that name.
 #[derive(Debug)]
 struct Name {
     name: Arc<str>,
     key: Arc<str>,
-    /// The plain mutex's wake-up channel of this name.
+    meta: Arc<str>,
+    /// Plain mutex waiters registered for a hand-over (the multi-lock's release hands a
+    /// name to one, as the plain mutex's does).
+    waiters: Arc<str>,
     channel: Arc<str>,
 }
 
@@ -124,8 +136,12 @@ struct Name {
 struct Group {
     /// Indices into `Shared::names`.
     members: Vec<usize>,
-    /// `[lock key, meta key]` of every member, in member order.
+    /// `[lock key, meta key]` of every member, in member order: acquire and extend (a
+    /// renewal names only keys that exist while the names are held, which a slot
+    /// migration does not refuse).
     keys: Arc<[Arc<str>]>,
+    /// `[lock key, meta key, waiters]` of every member: the plain mutex's release.
+    release_keys: Arc<[Arc<str>]>,
     /// The members' names and keys joined with `+`, for errors.
     label: Arc<str>,
     key_label: Arc<str>,
@@ -164,9 +180,9 @@ struct Taken {
 }
 
 impl MultiLock {
-    pub(crate) fn new(ctx: Arc<Context>, names: Vec<String>, options: LeaseOptions) -> Result<Self> {
-        let label = names.join("+");
-        if names.is_empty() {
+    pub(crate) fn new(ctx: Arc<Context>, names_given: Vec<String>, options: LeaseOptions) -> Result<Self> {
+        let label = names_given.join("+");
+        if names_given.is_empty() {
             return Err(Error::InvalidArgument {
                 name: label,
                 what: "names",
@@ -182,8 +198,8 @@ impl MultiLock {
             });
         }
         let mut seen = HashSet::new();
-        let mut named = Vec::with_capacity(names.len());
-        for name in &names {
+        let mut names = Vec::with_capacity(names_given.len());
+        for name in &names_given {
             if !seen.insert(name.as_str()) {
                 return Err(Error::InvalidArgument {
                     name: name.clone(),
@@ -192,18 +208,17 @@ impl MultiLock {
                 });
             }
             let keys = LockKeys::new(&ctx.prefix, name)?;
-            named.push((
-                keys.aux("meta"),
-                Name {
-                    name: name.as_str().into(),
-                    channel: keys.aux("wake").into(),
-                    key: keys.key.into(),
-                },
-            ));
+            names.push(Name {
+                name: name.as_str().into(),
+                meta: keys.aux("meta").into(),
+                waiters: keys.aux("q").into(),
+                channel: keys.aux("wake").into(),
+                key: keys.key.into(),
+            });
         }
         // On a cluster each script may touch one slot only; elsewhere one script takes all.
         let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, (_, n)) in named.iter().enumerate() {
+        for (i, n) in names.iter().enumerate() {
             let slot = if ctx.topology.is_cluster() {
                 key_slot(n.key.as_bytes())
             } else {
@@ -214,26 +229,26 @@ impl MultiLock {
         let groups = by_slot
             .into_values()
             .map(|members| {
-                let join = |f: &dyn Fn(&Name) -> &str| {
-                    members
-                        .iter()
-                        .map(|&i| f(&named[i].1))
-                        .collect::<Vec<_>>()
-                        .join("+")
-                };
+                let of = |i: &usize| &names[*i];
+                let join =
+                    |f: fn(&Name) -> &str| members.iter().map(|i| f(of(i))).collect::<Vec<_>>().join("+");
                 Group {
                     keys: members
                         .iter()
-                        .flat_map(|&i| [named[i].1.key.clone(), named[i].0.as_str().into()])
+                        .flat_map(|i| [of(i).key.clone(), of(i).meta.clone()])
                         .collect(),
-                    label: join(&|n| &n.name).into(),
-                    key_label: join(&|n| &n.key).into(),
+                    release_keys: members
+                        .iter()
+                        .flat_map(|i| [of(i).key.clone(), of(i).meta.clone(), of(i).waiters.clone()])
+                        .collect(),
+                    label: join(|n| &n.name).into(),
+                    key_label: join(|n| &n.key).into(),
                     members,
                 }
             })
             .collect();
-        let names: Vec<Name> = named.into_iter().map(|(_, n)| n).collect();
         let key_label = names.iter().map(|n| &*n.key).collect::<Vec<_>>().join("+");
+        let meta_px_arg = (ttl_ms + ctx.retention_ms).to_string().into();
         Ok(MultiLock {
             shared: Arc::new(Shared {
                 ctx,
@@ -241,6 +256,8 @@ impl MultiLock {
                 groups,
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
+                meta_px_arg,
+                claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
                 label: label.into(),
                 key_label: key_label.into(),
             }),
@@ -454,13 +471,14 @@ impl MultiLock {
     async fn attempt(&self, deadline: Deadline) -> Result<Attempt> {
         let s = &*self.shared;
         let token = Token::generate();
+        let tail = format!(" {} {}", token.expose(), s.ctx.label);
         let mut taken: Vec<Taken> = Vec::with_capacity(s.groups.len());
         for (g, group) in s.groups.iter().enumerate() {
             let claim = self.claim(g, &token);
             claim.arm();
             let cmd = MULTI_ACQUIRE.evalsha(
                 &group.keys,
-                &[token.expose(), &s.ttl_arg, &s.ctx.label, &s.ctx.retention_arg],
+                &[token.expose(), &s.ttl_arg, &tail, &s.meta_px_arg],
                 None,
             );
             let op = self.op(g, "acquire");
@@ -593,11 +611,13 @@ impl MultiLock {
     fn release_call(&self, g: usize, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         let group = &s.groups[g];
-        let mut args = Vec::with_capacity(2 + group.members.len());
+        let mut args = Vec::with_capacity(4 + group.members.len());
         args.push(token.shared());
         args.push(s.ctx.publish.clone());
+        args.push(s.claim_arg.clone());
+        args.push(s.meta_px_arg.clone());
         args.extend(group.members.iter().map(|&i| s.names[i].channel.clone()));
-        ScriptCall::new(&MULTI_RELEASE, group.keys.clone(), args.into())
+        ScriptCall::new(&MULTI_RELEASE, group.release_keys.clone(), args.into())
     }
 
     fn extend_call(&self, g: usize, token: &Token) -> ScriptCall {
@@ -782,6 +802,13 @@ fn parse_acquire(reply: &Value, members: usize, ttl: Duration) -> Option<Granted
             .map(Granted::Busy),
         _ => None,
     }
+}
+
+/// How long a name a release hands to a plain mutex's registered waiter holds before
+/// that waiter extends it: the plain mutex's rule (`mutex::grant_claim`), which its
+/// release takes from the releaser.
+fn grant_claim(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(2))
 }
 
 fn timeout(name: &str, started: Instant) -> Error {

@@ -7,10 +7,11 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Reply};
+use crate::engine::acquire::{Acquire, Granted, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
+use crate::engine::heartbeat::waiter_id;
 use crate::engine::request::spawn_release;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -53,11 +54,24 @@ pub struct Mutex {
 #[derive(Debug)]
 struct MutexShared {
     base: LockBase,
-    /// `[lock key, meta key]`, shared by every script call of this mutex.
+    /// `[lock key, meta key, waiters]`: acquire and release.
     keys: Arc<[Arc<str>]>,
+    /// `[lock key, meta key]`: extend, hand-over and status. (During a slot migration a
+    /// script naming a key that does not exist is refused with TRYAGAIN: the calls that
+    /// must keep working then — renewals — name only keys that exist while the lock is
+    /// held.)
+    lock_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
+    /// The metadata's TTL (the lease plus the retention), as the script argument.
+    meta_px_arg: Arc<str>,
+    /// How long a lock handed to a waiter holds before it extends it, as the script
+    /// argument (see [`grant_claim`]).
+    claim_arg: Arc<str>,
+    /// How long a waiter's registration lives without a new attempt, as the script
+    /// argument.
+    register_arg: Arc<str>,
     /// This client's local queue for the lock (shared by every handle of it).
     local: Arc<LocalLock<HandedLock>>,
 }
@@ -93,8 +107,12 @@ impl Mutex {
             shared: Arc::new(MutexShared {
                 channel: keys.aux("wake").into(),
                 local: base.ctx.locals.get(&base.key),
-                keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
+                keys: Arc::new([base.key.clone(), keys.aux("meta").into(), keys.aux("q").into()]),
+                lock_keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
                 ttl_arg: ttl_ms.to_string().into(),
+                claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
+                register_arg: register_life(options.ttl).as_millis().to_string().into(),
+                meta_px_arg: (ttl_ms + base.ctx.retention_ms).to_string().into(),
                 base,
             }),
         })
@@ -231,30 +249,51 @@ impl Mutex {
     /// Acquires through Redis with `token` (as this client's representative).
     async fn acquire_through_redis(&self, token: Token, wait: Wait) -> Result<GuardCore> {
         let s = &*self.shared;
+        let id = waiter_id();
+        let tail = format!(" {} {}", token.expose(), s.base.ctx.label);
+        // Waiters register for a hand-over — unless the lock waits for replicas, which
+        // a hand-over would skip.
+        let grants = wait.waits() && s.base.options.replica_ack.is_none();
         let cmd = MUTEX_ACQUIRE.evalsha(
             &s.keys,
             &[
                 token.expose(),
                 &s.ttl_arg,
-                &s.base.ctx.label,
-                &s.base.ctx.retention_arg,
+                &tail,
+                &s.meta_px_arg,
+                &id,
+                if grants { "1" } else { "0" },
+                &s.register_arg,
             ],
             None,
         );
-        let release = self.release_call(&token);
+        let registration: Arc<str> = format!("{id}{tail}").into();
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
             channel: &s.channel,
             wait,
-            undo: release.clone(),
+            // Gives back a lock an attempt may have taken (or was handed), and leaves
+            // the registration.
+            undo: self.release_call_leaving(&token, registration),
             renew: self.renew_call(&token),
-            release,
+            release: self.release_call(&token),
             token,
+            grant: grants.then(|| Granted {
+                id: &id,
+                claim: grant_claim(s.base.options.ttl),
+            }),
         };
         let ttl = s.base.options.ttl;
         s.base
-            .acquire(spec, |reply, _| parse_acquire(reply, ttl, &s.base))
+            .acquire(spec, |reply, _| {
+                let parsed = parse_acquire(reply, ttl, &s.base)?;
+                Ok(match parsed {
+                    // A registered waiter left a registration behind: undo removes it.
+                    Reply::Busy { busy, .. } => Reply::Busy { busy, queued: grants },
+                    acquired => acquired,
+                })
+            })
             .await
     }
 
@@ -262,17 +301,29 @@ impl Mutex {
         let s = &*self.shared;
         ScriptCall::new(
             &MUTEX_EXTEND,
-            s.keys.clone(),
+            s.lock_keys.clone(),
             Arc::new([token.shared(), s.base.ctx.retention_arg.clone()]),
         )
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
+        self.release_call_leaving(token, "".into())
+    }
+
+    /// The release call that also leaves `registration` (a waiter that gives up).
+    fn release_call_leaving(&self, token: &Token, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
             &MUTEX_RELEASE,
             s.keys.clone(),
-            Arc::new([token.shared(), s.channel.clone(), s.base.ctx.publish.clone()]),
+            Arc::new([
+                token.shared(),
+                s.channel.clone(),
+                s.base.ctx.publish.clone(),
+                s.claim_arg.clone(),
+                s.meta_px_arg.clone(),
+                registration,
+            ]),
         )
     }
 
@@ -306,13 +357,13 @@ impl Mutex {
         let release = self.release_call(core.token());
         let (token, _) = core.take();
         let cmd = MUTEX_HANDOFF.evalsha(
-            &s.keys,
+            &s.lock_keys,
             &[
                 token.expose(),
                 popped.token().expose(),
                 &s.ttl_arg,
-                &s.base.ctx.label,
-                &s.base.ctx.retention_arg,
+                &format!(" {} {}", popped.token().expose(), s.base.ctx.label),
+                &s.meta_px_arg,
             ],
             None,
         );
@@ -388,7 +439,7 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let cmd = MUTEX_STATUS.evalsha(&s.keys, &[] as &[&str], None);
+        let cmd = MUTEX_STATUS.evalsha(&s.lock_keys, &[] as &[&str], None);
         let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
@@ -401,6 +452,18 @@ impl Mutex {
             waiters,
         })
     }
+}
+
+/// How long a lock a release hands to a waiter holds before the waiter extends it: the
+/// longest a waiter that died after registering can hold up the lock.
+fn grant_claim(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(2))
+}
+
+/// How long a waiter's registration lives without a new attempt (it tries again within
+/// half of that).
+fn register_life(ttl: Duration) -> Duration {
+    (ttl * 2).max(Duration::from_secs(2))
 }
 
 /// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have

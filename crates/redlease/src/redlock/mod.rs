@@ -194,6 +194,11 @@ impl Redlock {
                 name: name.into(),
                 channel: keys.aux("wake").into(),
                 keys: Arc::new([keys.key.as_str().into(), keys.aux("meta").into()]),
+                release_keys: Arc::new([
+                    keys.key.as_str().into(),
+                    keys.aux("meta").into(),
+                    keys.aux("q").into(),
+                ]),
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
             }),
@@ -234,6 +239,8 @@ struct MutexShared {
     name: Arc<str>,
     /// `[lock key, meta key]`, the same on every master.
     keys: Arc<[Arc<str>]>,
+    /// The keys of the plain mutex's release: `[lock key, meta key, waiters]`.
+    release_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     options: LeaseOptions,
     ttl_arg: Arc<str>,
@@ -401,12 +408,21 @@ impl RedlockMutex {
             .max(Duration::from_millis(1))
     }
 
+    /// The plain mutex's release on one master (nobody registers for a hand-over on a
+    /// Redlock, so it only compare-and-deletes).
     fn release_call(&self, node: &Context, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
             &MUTEX_RELEASE,
-            s.keys.clone(),
-            Arc::new([token.shared(), s.channel.clone(), node.publish.clone()]),
+            s.release_keys.clone(),
+            Arc::new([
+                token.shared(),
+                s.channel.clone(),
+                node.publish.clone(),
+                "0".into(),
+                "0".into(),
+                "".into(),
+            ]),
         )
     }
 

@@ -9,10 +9,15 @@
 --                   of the i-th name (as mutex_acquire.lua takes them)
 -- ARGV[1]  token         this acquisition's random token (the same for every name)
 -- ARGV[2]  ttl_ms        lease length in milliseconds
--- ARGV[3]  label         human label of the owner, such as host:pid
--- ARGV[4]  retention_ms  how long the metadata outlives the lease
+-- ARGV[3]  tail          " <token> <label>": the end of each name's metadata (label: the
+--                        owner's, such as host:pid)
+-- ARGV[4]  meta_px       the metadata's TTL: ttl_ms plus how long it outlives the lease
 --
--- Reply: {1, fence_1, pttl_1, ..., fence_n, pttl_n}
+-- A multi-lock waiter does not register for a hand-over (a release hands a plain
+-- mutex to one waiter of that name alone), so the plain step runs as an attempt that
+-- only tries, and never touches the name's waiters.
+-- Reply: {1, fence_1, pttl_1, ..., fence_n, pttl_n}  (a fence as an integer or a
+--            decimal string)
 --            every name is held by the token: taken now (pttl_i = ttl_ms), or already
 --            ours (a retry after a lost reply, with what is left and the fence it got)
 --        {0, i, pttl_i, j, pttl_j, ...}
@@ -35,12 +40,13 @@ if #busy > 1 then
   return busy
 end
 local held = {1}
+local try = {ARGV[1], ARGV[2], ARGV[3], ARGV[4], '', '0', '0'}
 for i = 1, #KEYS / 2 do
-  local one = mutex_acquire({KEYS[2 * i - 1], KEYS[2 * i]}, ARGV)
-  if type(one) == 'number' then
+  local one = mutex_acquire({KEYS[2 * i - 1], KEYS[2 * i]}, try)
+  if type(one) ~= 'table' then
     held[#held + 1] = one
     held[#held + 1] = tonumber(ARGV[2])
-  elseif type(one) == 'table' and one[1] == 1 then
+  elseif one[1] == 1 then
     held[#held + 1] = one[2]
     held[#held + 1] = one[3]
   else

@@ -8,31 +8,31 @@
 -- ARGV[1]  old token     the current holder's token
 -- ARGV[2]  new token     the next holder's token
 -- ARGV[3]  ttl_ms        the next holder's lease
--- ARGV[4]  label         owner label
--- ARGV[5]  retention_ms  how long the metadata outlives the lease
+-- ARGV[4]  tail          " <new token> <label>": the end of the metadata
+-- ARGV[5]  meta_px       the metadata's TTL: ttl_ms plus how long it outlives the lease
 --
 -- Reply: fence            (an integer) handed over now, for the full ttl_ms
 --        {1, fence, pttl}  already handed over: a retry after a lost reply
 --        0                 the old token does not hold the lock; nothing was changed
 local current = redis.call('GET', KEYS[1])
-local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
 if current == ARGV[2] then
+  -- Already handed over: a retry after a lost reply.
   local pttl = redis.call('PTTL', KEYS[1])
+  local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
   if meta_token == ARGV[2] then
     return {1, prev, pttl}
   end
   local fence, now_ms = next_fence(prev)
-  redis.call('SET', KEYS[2],
-    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[2] .. ' ' .. ARGV[4],
-    'PX', math.max(pttl, 1) + tonumber(ARGV[5]))
+  redis.call('SET', KEYS[2], string.format('%.0f %.0f', fence, now_ms) .. ARGV[4], 'PX', ARGV[5])
   return {1, fence, pttl}
 end
 if current ~= ARGV[1] then
   return 0
 end
-local fence, now_ms = next_fence(prev)
+-- The metadata first: a key of the wrong type fails the call with nothing written.
+local fence = issue_fence(KEYS[2], ARGV[4], ARGV[5])
+if type(fence) == 'table' then
+  return fence
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('SET', KEYS[2],
-  string.format('%.0f %.0f ', fence, now_ms) .. ARGV[2] .. ' ' .. ARGV[4],
-  'PX', tonumber(ARGV[3]) + tonumber(ARGV[5]))
 return fence
