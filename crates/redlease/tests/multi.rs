@@ -636,3 +636,87 @@ async fn bad_input_is_refused_and_a_wrong_type_takes_nothing() {
         "no fencing token used"
     );
 }
+
+/// A release whose request for one master is held up by a slot migration (Redis answers
+/// TRYAGAIN while the slot's keys are split between the two owners) for longer than the
+/// lease: the names of that slot stay renewed until their release lands, so nobody can
+/// take them in between, and the release reports success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_held_up_by_a_slot_migration_keeps_renewing_what_it_has_not_released() {
+    let cluster = cluster(3);
+    let client = Client::cluster_builder(cluster.urls())
+        .unwrap()
+        .retry_window(Duration::from_secs(30))
+        .build()
+        .await
+        .expect("cluster client");
+    let mut conn = raw_cluster(&cluster).await;
+    let (a, b) = (name_on(&cluster, 0, "stay"), name_on(&cluster, 1, "move"));
+    let (a_key, b_key) = (format!("redlease:{a}"), format!("redlease:{b}"));
+    let b_slot = cluster.slot_of(&b_key).unwrap();
+    // Renewed every 200 ms.
+    let ttl = Duration::from_millis(600);
+    let guard = client
+        .multi_lock_with([&a, &b], LeaseOptions::new().ttl(ttl))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let token = guard.token().expose().to_owned();
+    let lease = guard.lease().clone();
+
+    // b's slot starts moving to master 2 and its keys go there: the release of b names
+    // its waiters key too, which exists on neither side, so it is answered TRYAGAIN
+    // until the slot has moved. Renewals name only keys that exist, and follow ASK.
+    let migration = cluster.begin_migration(b_slot, 2).unwrap();
+    assert!(cluster.migrate_keys(&migration).unwrap() >= 1);
+    let release_began = Instant::now();
+    let renewed_before = client.stats().leases_renewed;
+    let release = tokio::spawn(guard.release());
+    eventually(5.0, "a is released at once", || {
+        let (mut conn, a_key) = (conn.clone(), a_key.clone());
+        async move { !exists_any(&mut conn, &a_key).await }
+    })
+    .await;
+    // Twice the lease passes with b's release held up: without renewals b would have
+    // expired by then, free for anyone to take before the release lands.
+    eventually(
+        10.0,
+        "b is renewed for twice its lease while its release waits",
+        || {
+            let renewed = client.stats().leases_renewed - renewed_before;
+            async move { renewed >= 6 && release_began.elapsed() > 2 * ttl }
+        },
+    )
+    .await;
+    assert!(!release.is_finished(), "the release of b waits for the migration");
+    let mut importing = raw(cluster.master(2)).await;
+    let (value, remaining): (Option<String>, i64) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("GET")
+        .arg(&b_key)
+        .cmd("ASKING")
+        .ignore()
+        .cmd("PTTL")
+        .arg(&b_key)
+        .query_async(&mut importing)
+        .await
+        .unwrap();
+    assert_eq!(value.as_deref(), Some(token.as_str()), "b is still held");
+    assert!(remaining > 0, "b's lease was renewed: PTTL {remaining} ms");
+
+    cluster.finish_migration(&migration).unwrap();
+    let released = within(10.0, "the release lands once the slot has moved", release)
+        .await
+        .unwrap();
+    assert!(
+        released.is_ok(),
+        "every name was held until released: {released:?}"
+    );
+    for key in [&a_key, &b_key] {
+        assert!(!exists_any(&mut conn, key).await, "{key} released");
+    }
+    assert_eq!(lease.lost_reason(), Some(LostReason::Released));
+    assert_eq!(client.stats().leases_lost_by_renewal, 0);
+}

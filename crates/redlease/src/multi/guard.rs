@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{MultiLock, Shared};
+use super::{Holding, MultiLock, Shared};
 use crate::engine::guard::{CustomKeeper, GuardCore, guard_surface};
 use crate::engine::lease::{LeaseState, RenewRound, Renewal};
 use crate::error::Result;
@@ -23,14 +23,15 @@ use crate::token::{FencingToken, Token};
 pub(super) struct Renewing {
     pub lock: Weak<Shared>,
     pub token: Token,
+    pub holding: Arc<Holding>,
 }
 
 impl RenewRound for Renewing {
     fn renew(&self, ttl: Duration) -> BoxFuture<'static, Renewal> {
-        let (lock, token) = (self.lock.upgrade(), self.token.clone());
+        let (lock, token, holding) = (self.lock.upgrade(), self.token.clone(), self.holding.clone());
         Box::pin(async move {
             match lock {
-                Some(shared) => MultiLock { shared }.renew_round(&token, ttl).await,
+                Some(shared) => MultiLock { shared }.renew_round(&token, ttl, &holding).await,
                 // The guard, and so its lease, is gone: nothing to renew.
                 None => Renewal::Gone,
             }
@@ -44,6 +45,7 @@ pub(super) struct Keeper {
     pub lock: MultiLock,
     pub token: Token,
     pub lease: Arc<LeaseState>,
+    pub holding: Arc<Holding>,
 }
 
 impl CustomKeeper for Keeper {
@@ -52,8 +54,13 @@ impl CustomKeeper for Keeper {
     }
 
     fn release(&self, _valid: bool, _ttl: Duration) -> BoxFuture<'static, Result<()>> {
-        let (lock, token, lease) = (self.lock.clone(), self.token.clone(), self.lease.clone());
-        Box::pin(async move { lock.release(&token, &lease).await })
+        let (lock, token, lease, holding) = (
+            self.lock.clone(),
+            self.token.clone(),
+            self.lease.clone(),
+            self.holding.clone(),
+        );
+        Box::pin(async move { lock.release(&token, &lease, &holding).await })
     }
 
     fn release_in_background(&self, ttl: Duration) {

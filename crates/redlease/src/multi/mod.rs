@@ -12,8 +12,8 @@
 //! overlapping sets, in whatever order they list them, cannot deadlock.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
@@ -177,6 +177,50 @@ struct Taken {
     sent: Instant,
     /// Per member: its fencing token and what its lease has left.
     held: Vec<(u64, Duration)>,
+}
+
+/// What the renewal rounds and the release of one holding tell each other.
+///
+/// A release sends one request per group, and a slot migration can hold one of them up
+/// (`TRYAGAIN`) for longer than the lease while the others are answered. Meanwhile the
+/// renewal task goes on renewing the groups whose release has not been answered, so the
+/// lease stays a lower bound of their expiry and nobody else can take them before the
+/// release lands. And a release attempt whose reply was lost may have landed: the
+/// renewals that follow find its names gone. A renewal answered during the release
+/// that finds a group gone while the lease is valid found it gone before it could have
+/// expired on the server: as long as Redis kept its writes, an attempt of this release
+/// removed it. A group found gone after the lease ran out stops the renewals: the
+/// lease then no longer moves, and its end bounds every group's expiry.
+#[derive(Debug)]
+pub(super) struct Holding {
+    /// The lease (set once it exists).
+    lease: OnceLock<Weak<LeaseState>>,
+    /// The holder is releasing.
+    releasing: AtomicBool,
+    groups: Vec<GroupState>,
+}
+
+#[derive(Debug, Default)]
+struct GroupState {
+    /// The release of the group was answered: nothing more to renew.
+    released: AtomicBool,
+    /// A renewal during the release found the group's names gone while the lease was
+    /// valid.
+    gone_while_valid: AtomicBool,
+}
+
+impl Holding {
+    fn new(groups: usize) -> Self {
+        Holding {
+            lease: OnceLock::new(),
+            releasing: Default::default(),
+            groups: (0..groups).map(|_| GroupState::default()).collect(),
+        }
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        Some(self.lease.get()?.upgrade()?.valid_until())
+    }
 }
 
 impl MultiLock {
@@ -561,9 +605,11 @@ impl MultiLock {
                 fences[i] = FencingToken::new(fence);
             }
         }
+        let holding = Arc::new(Holding::new(s.groups.len()));
         let round = Arc::new(Renewing {
             lock: Arc::downgrade(&self.shared),
             token: token.clone(),
+            holding: holding.clone(),
         });
         let state = LeaseState::new(
             s.label.clone(),
@@ -573,12 +619,14 @@ impl MultiLock {
             Renew::Round(round),
             s.options.auto_renew,
         );
+        let _ = holding.lease.set(Arc::downgrade(&state));
         // Renewed, or watched for running out.
         s.ctx.renewer.schedule(&state);
         let keeper = Arc::new(Keeper {
             lock: self.clone(),
             token: token.clone(),
             lease: state.clone(),
+            holding,
         });
         for t in taken {
             t.claim.disarm();
@@ -630,12 +678,21 @@ impl MultiLock {
     }
 
     /// One renewal of every name for `ttl` more: one script call per group, batched
-    /// into one round trip per node.
-    async fn renew_round(&self, token: &Token, ttl: Duration) -> Renewal {
+    /// into one round trip per node. During a release, only the groups whose release
+    /// has not been answered yet (see [`Holding`]).
+    async fn renew_round(&self, token: &Token, ttl: Duration, holding: &Holding) -> Renewal {
         let s = &*self.shared;
         let ttl_ms = ttl.as_millis() as u64;
-        let calls: Vec<(&'static LuaScript, redis::Cmd)> = (0..s.groups.len())
-            .map(|g| {
+        let groups: Vec<usize> = (0..s.groups.len())
+            .filter(|&g| !holding.groups[g].released.load(Ordering::Acquire))
+            .collect();
+        if groups.is_empty() {
+            // Every group's release was answered: nothing is left to renew.
+            return Renewal::Gone;
+        }
+        let calls: Vec<(&'static LuaScript, redis::Cmd)> = groups
+            .iter()
+            .map(|&g| {
                 let call = self.extend_call(g, token);
                 (call.script, call.cmd_with_ttl(ttl_ms))
             })
@@ -647,24 +704,45 @@ impl MultiLock {
             .counters()
             .round_trips
             .fetch_add(round_trips, Ordering::Relaxed);
-        let mut error = None;
-        for result in results {
+        // Read after the answers: a release that began while this round was on its way
+        // may be what removed a group this round found gone.
+        let releasing = holding.releasing.load(Ordering::Acquire);
+        let valid = holding.valid_until().is_some_and(|until| Instant::now() < until);
+        let (mut error, mut lapsed, mut held) = (None, false, false);
+        for (&g, result) in groups.iter().zip(results) {
             match result {
-                Ok(reply) if int(&reply) == Some(1) => {}
-                Ok(_) => {
-                    // Some name is gone, so the lease over all of them is: free the rest.
-                    self.release_in_background(token, ttl);
-                    return Renewal::Gone;
+                Ok(reply) if int(&reply) == Some(1) => held = true,
+                // Gone while the lease was valid, during the release: its keys could not
+                // have expired, so (as long as Redis kept its writes) the release removed
+                // them, and the release is told so.
+                Ok(_) if releasing && valid => {
+                    holding.groups[g].gone_while_valid.store(true, Ordering::Release);
                 }
+                // Gone otherwise: the lease over all of them is over.
+                Ok(_) => lapsed = true,
                 Err(e) => {
                     error.get_or_insert_with(|| e.to_string());
                 }
             }
         }
-        match error {
-            Some(error) => Renewal::Unreachable { error: Some(error) },
-            None => Renewal::Confirmed { sent },
+        if lapsed {
+            if !releasing {
+                // Free the names still held.
+                self.release_in_background(token, ttl);
+            }
+            // Releasing: the lease stops moving, so that what it is valid until stays a
+            // bound of every group's expiry for the release's answers.
+            return Renewal::Gone;
         }
+        if let Some(error) = error {
+            return Renewal::Unreachable { error: Some(error) };
+        }
+        if !held {
+            // Releasing, and every group left was found released.
+            return Renewal::Gone;
+        }
+        // The groups still held (and any found released) are covered for `ttl` more.
+        Renewal::Confirmed { sent }
     }
 
     /// Makes every name's lease last at least `ttl` from now (see
@@ -707,9 +785,10 @@ impl MultiLock {
 
     /// Releases every name (see [`MultiLockGuard::release`]); the lease is still
     /// renewed until the answers are in.
-    async fn release(&self, token: &Token, lease: &LeaseState) -> Result<()> {
+    async fn release(&self, token: &Token, lease: &LeaseState, holding: &Holding) -> Result<()> {
         let s = &*self.shared;
-        let releases = (0..s.groups.len()).map(|g| self.release_group(g, token, lease));
+        holding.releasing.store(true, Ordering::Release);
+        let releases = (0..s.groups.len()).map(|g| self.release_group(g, token, lease, holding));
         let mut not_held = None;
         for answer in join_all(releases).await {
             not_held = not_held.or(answer?);
@@ -725,7 +804,13 @@ impl MultiLock {
     /// Releases group `g`; returns the first of its names the token turned out not to
     /// hold, if any. Reads each name's answer as the plain mutex's release does,
     /// including when an earlier attempt of the request may have landed.
-    async fn release_group(&self, g: usize, token: &Token, lease: &LeaseState) -> Result<Option<usize>> {
+    async fn release_group(
+        &self,
+        g: usize,
+        token: &Token,
+        lease: &LeaseState,
+        holding: &Holding,
+    ) -> Result<Option<usize>> {
         let s = &*self.shared;
         let op = self.op(g, "release");
         let call = self.release_call(g, token);
@@ -737,15 +822,20 @@ impl MultiLock {
         let answered = Instant::now();
         let doubted = claim.doubted();
         claim.disarm();
+        let state = &holding.groups[g];
+        state.released.store(true, Ordering::Release);
         let members = &s.groups[g].members;
         let answers = array(&reply)
             .filter(|a| a.len() == members.len())
             .ok_or_else(|| op.bad_reply())?;
+        // An earlier attempt that landed made the renewals find the names gone (see
+        // `Holding`): it released them.
+        let landed = doubted && state.gone_while_valid.load(Ordering::Acquire);
         for (&i, answer) in members.iter().zip(answers) {
             let released = match Released::of(answer) {
                 Released::Now => true,
-                Released::FreeAfterUs => doubted && sent < valid_until,
-                Released::NotOurs => doubted && answered < lease.valid_until(),
+                Released::FreeAfterUs => (doubted && sent < valid_until) || landed,
+                Released::NotOurs => (doubted && answered < lease.valid_until()) || landed,
             };
             if !released {
                 return Ok(Some(i));
