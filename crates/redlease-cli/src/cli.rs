@@ -15,15 +15,17 @@ pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
 const EXIT_STATUS_HELP: &str = "\
 Exit status:
-    0        success (run: CMD exited with 0)
-    1..125   run: CMD's own exit status
-    128+N    run: CMD died of signal N (redlease itself: interrupted by signal N while waiting)
+    0        success (run, elect: CMD exited with 0)
+    1..125   run, elect: CMD's own exit status
+    128+N    run, elect: CMD died of signal N (redlease itself: interrupted by signal N while
+             waiting, or ending `leader --watch`)
     1        release, extend: the token does not hold the lock (nothing was changed)
     2        usage error: unknown flag, bad duration, empty name, invalid URL
     69       Redis is unreachable or answered with an error
-    75       the lock was not acquired within --wait (or at once with --no-wait)
-    79       run: the lease was lost while CMD ran; CMD was sent --lost-signal
-    126/127  run: CMD could not be executed / was not found";
+    75       the lock was not acquired (elect: the candidate was not elected) within --wait
+             (or at once with --no-wait)
+    79       run, elect: the lease was lost while CMD ran; CMD was sent --lost-signal
+    126/127  run, elect: CMD could not be executed / was not found";
 
 const RUN_HELP: &str = "\
 CMD gets REDLEASE_NAME, REDLEASE_KEY and REDLEASE_FENCE (the fencing token: a number that \
@@ -40,7 +42,25 @@ Exit status: CMD's own; 128+N if CMD died of signal N; 75 if the lock was not ac
 79 if the lease was lost while CMD ran; 69 if Redis is unreachable; 126/127 if CMD could \
 not be run; 2 for usage errors.";
 
-/// Distributed locks on Redis: run a command under a lock, or take, inspect and release one.
+const ELECT_HELP: &str = "\
+CMD gets REDLEASE_NAME, REDLEASE_KEY, and REDLEASE_TERM (also as REDLEASE_FENCE): the \
+leader's term, a number that rises with every new leader. Hand it to the resources CMD \
+changes so they can refuse a former leader. When CMD exits, redlease resigns and a \
+waiting candidate leads within milliseconds; when a leader's redlease dies, another \
+candidate leads once its lease (--ttl) runs out. SIGINT, SIGTERM and SIGHUP sent to \
+redlease are passed on to CMD, as for `run`.
+
+If leadership is lost while CMD runs (the lease could not be renewed, or the key was \
+deleted), CMD gets --lost-signal, then SIGKILL after --grace, and redlease exits with \
+status 79. If redlease itself is killed with SIGKILL, CMD is not told: it keeps running \
+while another candidate takes over, and only the term can keep the two apart.
+
+Exit status: CMD's own; 128+N if CMD died of signal N; 75 if this candidate was not \
+elected within --wait; 79 if leadership was lost while CMD ran; 69 if Redis is \
+unreachable; 126/127 if CMD could not be run; 2 for usage errors.";
+
+/// Distributed locks on Redis: run a command under a lock or as the elected leader, or take,
+/// inspect and release a lock.
 ///
 /// Locks live at key <PREFIX><NAME> in the format redis-py, node-redlock and redsync use,
 /// so those clients and redlease exclude each other. Every acquisition gets a fencing
@@ -178,6 +198,26 @@ pub enum Command {
     ///
     /// Exit status 0 whether or not the lock is held (see `held` in --json).
     Status(StatusArgs),
+
+    /// Run CMD while this process is the elected leader of NAME: one leader at a time
+    ///
+    /// Waits until this candidate leads, then runs CMD with REDLEASE_TERM; resigns when
+    /// CMD exits, so a waiting candidate takes over at once. Exit statuses as for
+    /// `redlease run`.
+    #[command(
+        after_help = ELECT_HELP,
+        mut_arg("ttl", |a| a.help("Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if redlease dies, another candidate may lead this long after the last renewal")),
+        mut_arg("wait", |a| a.help("Give up (exit status 75) if this candidate does not lead within DUR [default: wait as long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent waits without limit")),
+        mut_arg("no_wait", |a| a.help("Give up at once (exit status 75) if another candidate leads")),
+        mut_arg("lost_signal", |a| a.help("Signal sent to CMD when leadership is lost (name or number)")),
+    )]
+    Elect(ElectArgs),
+
+    /// Show who leads election NAME: its value, term, owner and lease (never its token)
+    ///
+    /// Exit status 0 whether or not someone leads (see `leader` in --json). With --watch,
+    /// one line per change until interrupted (status 130 for Ctrl-C).
+    Leader(LeaderArgs),
 
     /// A semaphore: run CMD holding one of N permits, or show its permits
     #[command(subcommand)]
@@ -413,6 +453,39 @@ pub struct ExtendArgs {
     /// shortened
     #[arg(long, value_name = "DUR", value_parser = ttl)]
     pub ttl: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// The election's name (the leader's key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// The value this candidate publishes while it leads, such as its address (shown by
+    /// `redlease leader NAME`; at most 64 KiB) [default: empty]
+    #[arg(long, value_name = "V", default_value = "", hide_default_value = true)]
+    pub value: String,
+
+    #[command(flatten)]
+    pub child: ChildArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct LeaderArgs {
+    /// The election's name (the leader's key is <PREFIX><NAME>)
+    #[arg(value_parser = name)]
+    pub name: String,
+
+    /// Print one JSON object: name, key, leader (whether someone leads), value, term,
+    /// owner, ttl_ms, since_ms. With --watch, one per line, with event (elected,
+    /// proclaimed or vacant), resigned (for a vacancy) and at_ms
+    #[arg(long)]
+    pub json: bool,
+
+    /// Print the leader, then one line per change — each new term, each new value,
+    /// each vacancy — until interrupted
+    #[arg(long)]
+    pub watch: bool,
 }
 
 #[derive(Debug, Args)]
@@ -755,6 +828,7 @@ mod tests {
             );
         }
         assert!(RUN_HELP.contains(&format!("status {}", exit::LEASE_LOST)));
+        assert!(ELECT_HELP.contains(&format!("status {}", exit::LEASE_LOST)));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `redlease`: run a command under a Redis lock, take, inspect and release locks, and
-//! watch the lock at work (`redlease demo`). This file only dispatches.
+//! `redlease`: run a command under a Redis lock or as the elected leader, take, inspect
+//! and release locks, and watch the lock at work (`redlease demo`). This file only
+//! dispatches.
 //!
 //! - `cli`: the command line (clap); its doc comments are the `--help` text.
 //! - `connect`: the global options, the checks of their combinations, and connecting
@@ -7,15 +8,17 @@
 //! - `exit`: the documented exit statuses and the error commands fail with.
 //! - `output`: errors and notes on stderr, results on stdout, durations for people.
 //! - `wait`: taking any kind of lock as `--wait` / `--no-wait` say.
-//! - The subcommands: `run` (run, semaphore run, rwlock run: CMD under any kind of
-//!   lock, one supervision over `Box<dyn redlease::Guard>`), `manage` (acquire,
-//!   release, extend, status, semaphore status, rwlock status), `demo`.
+//! - The subcommands: `run` (run, semaphore run, rwlock run, elect: CMD under any kind
+//!   of lock or as the leader, one supervision over `Box<dyn redlease::Guard>`),
+//!   `manage` (acquire, release, extend, status, semaphore status, rwlock status),
+//!   `leader` (who leads an election, and its changes), `demo`.
 //! - `signals`: catching signals, and telling the terminal's apart from `kill`'s.
 
 mod cli;
 mod connect;
 mod demo;
 mod exit;
+mod leader;
 mod manage;
 mod output;
 mod run;
@@ -45,6 +48,8 @@ fn dispatch(command: Command, global: &Global) -> Result<ExitCode, Failure> {
             Command::Run(args) => run::run(global, args).await,
             Command::Semaphore(SemaphoreCommand::Run(args)) => run::semaphore(global, args).await,
             Command::Rwlock(RwlockCommand::Run(args)) => run::rwlock(global, args).await,
+            Command::Elect(args) => run::elect(global, args).await,
+            Command::Leader(args) => leader::leader(global, args).await,
             Command::Acquire(args) => manage::acquire(global, args).await,
             Command::Release(args) => manage::release(global, args).await,
             Command::Extend(args) => manage::extend(global, args).await,

@@ -11,7 +11,7 @@ use crate::connect::{Global, connect, lease_options};
 use crate::exit::{self, Failure};
 use crate::output::{emit, human, millis, unix_ms};
 use crate::signals::Signals;
-use crate::wait::Taker;
+use crate::wait::{Taker, Taking};
 
 pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Failure> {
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
@@ -22,6 +22,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
         .map_err(lock_err)?;
     let taker = Taker {
         name: &args.name,
+        taking: Taking::Lock,
         wait: &args.wait,
         signals: &mut signals,
         global,

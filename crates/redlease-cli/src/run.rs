@@ -1,5 +1,6 @@
 //! `redlease run NAME [NAME…] -- CMD` (and `semaphore run`, `rwlock run`): run CMD
-//! while holding a lock, or several names at once.
+//! while holding a lock, or several names at once; `redlease elect NAME -- CMD`: run CMD
+//! while leading an election.
 //!
 //! The lease is renewed by the library for as long as CMD runs. Three things can end
 //! the run: CMD exits (release the lock, exit with CMD's status), the lease is lost
@@ -17,12 +18,12 @@ use redlease::{Guard, LeaseOptions, LegacyOptions, LostReason, TimestampUnit};
 use tokio::process::Command;
 use tokio::time::Instant;
 
-use crate::cli::{ChildArgs, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
+use crate::cli::{ChildArgs, ElectArgs, LegacyUnit, RunArgs, RwlockRunArgs, SemaphoreRunArgs, signal_status};
 use crate::connect::{Global, connect, connect_redlock, lease_options};
 use crate::exit::{self, Failure};
 use crate::output::{human, note};
 use crate::signals::Signals;
-use crate::wait::{Taker, after, until};
+use crate::wait::{Taker, Taking, after, until};
 
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
@@ -36,6 +37,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     let (c, name) = (&args.child, args.names[0].as_str());
     let taker = Taker {
         name,
+        taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
         global,
@@ -87,7 +89,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
             Box::new(guard)
         }
     };
-    supervise(c, guard, Vec::new(), &mut signals).await
+    supervise(c, guard, Taking::Lock, Vec::new(), &mut signals).await
 }
 
 /// `redlease run NAME NAME… -- CMD`: every name held at once, each as its plain lock,
@@ -118,6 +120,7 @@ async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     let label = args.names.join("+");
     let taker = Taker {
         name: &label,
+        taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
         global,
@@ -132,7 +135,7 @@ async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
         env.push((format!("REDLEASE_KEY_{n}"), key.to_owned()));
         env.push((format!("REDLEASE_FENCE_{n}"), fence.to_string()));
     }
-    supervise_with(c, Box::new(guard), env, &mut signals).await
+    supervise_with(c, Box::new(guard), Taking::Lock, env, &mut signals).await
 }
 
 /// `redlease semaphore run NAME --permits N [--count K] -- CMD`.
@@ -147,6 +150,7 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
     let n = args.count;
     let taker = Taker {
         name: &args.name,
+        taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
         global,
@@ -159,7 +163,7 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
         )
         .await?;
     let permits = vec![("REDLEASE_PERMITS", n.to_string())];
-    supervise(c, Box::new(permit), permits, &mut signals).await
+    supervise(c, Box::new(permit), Taking::Lock, permits, &mut signals).await
 }
 
 /// `redlease rwlock run NAME --read|--write -- CMD`.
@@ -173,6 +177,7 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
         .map_err(lock_err)?;
     let taker = Taker {
         name: &args.name,
+        taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
         global,
@@ -190,7 +195,36 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
                 .await?,
         )
     };
-    supervise(c, guard, Vec::new(), &mut signals).await
+    supervise(c, guard, Taking::Lock, Vec::new(), &mut signals).await
+}
+
+/// `redlease elect NAME [--value V] -- CMD`: CMD runs while this candidate leads; the
+/// term is its fencing token.
+pub async fn elect(global: &Global, args: ElectArgs) -> Result<ExitCode, Failure> {
+    let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
+    let client = connect(global).await?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let c = &args.child;
+    let election = client
+        .election_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .map_err(lock_err)?;
+    let taker = Taker {
+        name: &args.name,
+        taking: Taking::Leadership,
+        wait: &c.wait,
+        signals: &mut signals,
+        global,
+    };
+    let value = args.value.as_str();
+    let leadership = taker
+        .take(
+            || election.try_campaign(value),
+            |t| election.campaign_timeout(value, t),
+            || election.campaign(value),
+        )
+        .await?;
+    let term = vec![("REDLEASE_TERM", leadership.term().to_string())];
+    supervise(c, Box::new(leadership), Taking::Leadership, term, &mut signals).await
 }
 
 /// Runs CMD while `guard` holds the lock, whatever its kind: passes signals on, reacts
@@ -200,11 +234,12 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
 async fn supervise(
     args: &ChildArgs,
     guard: Box<dyn Guard>,
+    taking: Taking,
     extra: Vec<(&'static str, String)>,
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
     let extra = extra.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-    supervise_with(args, guard, extra, signals).await
+    supervise_with(args, guard, taking, extra, signals).await
 }
 
 /// [`supervise`], with variables of CMD's environment whose names are made at run time
@@ -212,6 +247,7 @@ async fn supervise(
 async fn supervise_with(
     args: &ChildArgs,
     guard: Box<dyn Guard>,
+    taking: Taking,
     extra: Vec<(String, String)>,
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
@@ -238,6 +274,7 @@ async fn supervise_with(
         // Kinds without a fencing token must not pass on one inherited from outside.
         .env_remove("REDLEASE_FENCE")
         .env_remove("REDLEASE_PERMITS")
+        .env_remove("REDLEASE_TERM")
         .envs(guard.fence().map(|fence| ("REDLEASE_FENCE", fence.to_string())))
         .envs(extra)
         .spawn();
@@ -266,7 +303,8 @@ async fn supervise_with(
             reason = &mut lost, if lost_reason.is_none() => {
                 lost_reason = Some(reason);
                 note(format_args!(
-                    "lost lock {name:?} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
+                    "lost {} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
+                    taking.what(name),
                     args.lost_signal,
                     human(args.grace),
                 ));
@@ -292,16 +330,17 @@ async fn supervise_with(
     if let Some(reason) = lost_reason {
         // If Redis was merely unreachable the key may still be ours: give it back.
         let _ = guard.release().await;
-        return Err(lease_lost(name, reason, status));
+        return Err(lease_lost(name, taking, reason, status));
     }
     match guard.release().await {
         Ok(()) => Ok(ExitCode::from(cmd_status)),
-        Err(e) if e.is_not_held() => Err(lease_lost(name, LostReason::Gone, status)),
+        Err(e) if e.is_not_held() => Err(lease_lost(name, taking, LostReason::Gone, status)),
         Err(e) => {
             // CMD ran under the lock; only giving it back failed. It frees itself
             // after --ttl, so CMD's status is still the honest answer.
             note(format_args!(
-                "warning: could not release lock {name:?} ({e}); it frees itself within {}",
+                "warning: could not give up {} ({e}); it frees itself within {}",
+                taking.what(name),
                 human(args.ttl)
             ));
             Ok(ExitCode::from(cmd_status))
@@ -346,15 +385,25 @@ fn exit_status(status: ExitStatus) -> u8 {
     }
 }
 
-fn lease_lost(name: &str, reason: LostReason, status: ExitStatus) -> Failure {
+fn lease_lost(name: &str, taking: Taking, reason: LostReason, status: ExitStatus) -> Failure {
+    let (lost, hint) = match taking {
+        Taking::Lock => (
+            format!("the lease on lock {name:?}"),
+            "another holder may have overlapped with CMD; pass REDLEASE_FENCE to the resource so it can refuse stale writes, and consider a longer --ttl",
+        ),
+        Taking::Leadership => (
+            format!("the leadership of election {name:?}"),
+            "another candidate may have led alongside CMD; pass REDLEASE_TERM to the resources CMD changes so they can refuse a former leader, and consider a longer --ttl",
+        ),
+    };
     Failure::new(
         exit::LEASE_LOST,
         format!(
-            "the lease on lock {name:?} was lost while CMD ran ({reason}); CMD {}",
+            "{lost} was lost while CMD ran ({reason}); CMD {}",
             describe(status)
         ),
     )
-    .hint("another holder may have overlapped with CMD; pass REDLEASE_FENCE to the resource so it can refuse stale writes, and consider a longer --ttl")
+    .hint(hint)
 }
 
 fn describe(status: ExitStatus) -> String {

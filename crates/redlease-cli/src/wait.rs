@@ -14,9 +14,45 @@ use crate::exit::{self, Failure};
 use crate::output::human;
 use crate::signals::Signals;
 
+/// What is taken: a lock, or the leadership of an election (`elect`). Only the words
+/// of messages differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Taking {
+    Lock,
+    Leadership,
+}
+
+impl Taking {
+    /// `lock "x" is held by another owner` / `election "x" has another leader`.
+    fn busy(self, name: &str) -> String {
+        match self {
+            Taking::Lock => format!("lock {name:?} is held by another owner"),
+            Taking::Leadership => format!("election {name:?} has another leader"),
+        }
+    }
+
+    /// `lock "x" was not acquired` / `election "x" was not won`.
+    fn not_taken(self, name: &str) -> String {
+        match self {
+            Taking::Lock => format!("lock {name:?} was not acquired"),
+            Taking::Leadership => format!("election {name:?} was not won"),
+        }
+    }
+
+    /// `lock "x"` / `the leadership of election "x"`: what was lost or waited for.
+    pub fn what(self, name: &str) -> String {
+        match self {
+            Taking::Lock => format!("lock {name:?}"),
+            Taking::Leadership => format!("the leadership of election {name:?}"),
+        }
+    }
+}
+
 /// What taking a lock needs besides the lock itself.
 pub struct Taker<'a> {
     pub name: &'a str,
+    /// What is taken, for messages.
+    pub taking: Taking,
     /// `--wait` / `--no-wait`.
     pub wait: &'a WaitArgs,
     /// A signal to redlease cancels the wait.
@@ -52,28 +88,33 @@ impl Taker<'_> {
                 How::Forever => forever().await,
             }
         };
-        let name = self.name;
+        let (name, taking) = (self.name, self.taking);
         tokio::select! {
             result = attempt => result.map_err(|e| {
                 // The library cuts off a request still in flight at the deadline, and
                 // says Redis did not answer in time: the lock was not acquired within
                 // --wait, as when it was held all along.
                 let ran_out = matches!(how, How::Within(limit) if started.elapsed() >= limit);
-                not_acquired(e, name, self.wait, ran_out, self.global)
+                not_acquired(e, name, taking, self.wait, ran_out, self.global)
             }),
             received = self.signals.recv() => Err(Failure::new(
                 signal_status(received.signal as i32),
-                format!("interrupted by {} while waiting for lock {name:?}; nothing was left behind", received.signal),
+                format!(
+                    "interrupted by {} while waiting for {}; nothing was left behind",
+                    received.signal,
+                    taking.what(name)
+                ),
             )),
         }
     }
 }
 
-/// The failure of an acquire of lock `name` that failed with `err`; `ran_out` when the
-/// `--wait` limit has passed.
+/// The failure of an acquire of lock `name` (or a campaign) that failed with `err`;
+/// `ran_out` when the `--wait` limit has passed.
 fn not_acquired(
     err: redlease::Error,
     name: &str,
+    taking: Taking,
     wait: &WaitArgs,
     ran_out: bool,
     global: &Global,
@@ -85,10 +126,10 @@ fn not_acquired(
             let left = remaining.map_or(String::new(), |r| format!("; its lease ends in {}", human(r)));
             Failure::new(
                 exit::NOT_ACQUIRED,
-                format!(
-                    "lock {name:?} is held by another owner{left}; not acquired {}",
-                    wait.describe()
-                ),
+                format!("{}{left}; not {} {}", taking.busy(name), match taking {
+                    Taking::Lock => "acquired",
+                    Taking::Leadership => "elected",
+                }, wait.describe()),
             )
             .hint(if wait.no_wait {
                 "wait for it with --wait DUR, or leave out --no-wait to wait as long as it takes"
@@ -98,12 +139,12 @@ fn not_acquired(
         }
         redlease::Error::Timeout { .. } => Failure::new(
             exit::NOT_ACQUIRED,
-            format!("lock {name:?} was not acquired {}", wait.describe()),
+            format!("{} {}", taking.not_taken(name), wait.describe()),
         )
         .hint("wait longer with --wait DUR, or leave --wait out to wait as long as it takes"),
         e if ran_out && e.is_unavailable() => Failure::new(
             exit::NOT_ACQUIRED,
-            format!("lock {name:?} was not acquired {}: {e}", wait.describe()),
+            format!("{} {}: {e}", taking.not_taken(name), wait.describe()),
         )
         .hint(format!(
             "Redis ({}) did not answer before --wait ran out; wait longer with --wait DUR, or check the server",

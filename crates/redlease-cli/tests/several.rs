@@ -134,7 +134,8 @@ for n in ledger audit; do "$BIN" --redis "$URL" status "$n" --json; done"#,
         "exits once CMD is done: {out:?}"
     );
     let vars = env_vars(&out);
-    // While CMD ran, both names were held, each with the fence CMD got for it.
+    // While CMD ran, both names were held by this process, and the fences CMD got
+    // were the last ones their shared fencing counter issued.
     let statuses: Vec<serde_json::Value> = out
         .stdout
         .lines()
@@ -142,10 +143,13 @@ for n in ledger audit; do "$BIN" --redis "$URL" status "$n" --json; done"#,
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(statuses.len(), 2, "{out:?}");
-    for (i, status) in statuses.iter().enumerate() {
+    let fences: Vec<u64> = (1..=2)
+        .map(|i| vars[&format!("REDLEASE_FENCE_{i}")].parse().unwrap())
+        .collect();
+    for status in &statuses {
         assert_eq!(status["held"], true, "{out:?}");
-        let fence: u64 = vars[&format!("REDLEASE_FENCE_{}", i + 1)].parse().unwrap();
-        assert_eq!(status["fence"], fence, "{out:?}");
+        assert!(status["owner"].as_str().is_some(), "{out:?}");
+        assert_mark(&status["last_fence"], fences[0].max(fences[1]));
     }
     assert_eq!(vars["REDLEASE_NAME"], "ledger+audit");
     assert_eq!(vars["REDLEASE_KEY"], "redlease:ledger+redlease:audit");
@@ -154,16 +158,17 @@ for n in ledger audit; do "$BIN" --redis "$URL" status "$n" --json; done"#,
     assert_eq!(vars["REDLEASE_KEY_2"], "redlease:audit");
     assert!(!vars.contains_key("REDLEASE_FENCE"), "{out:?}");
     assert!(!vars.contains_key("REDLEASE_FENCE_3"), "{out:?}");
-    // The fences CMD saw are each name's own, as `status` reports them.
-    for (i, name) in ["ledger", "audit"].iter().enumerate() {
-        let fence: u64 = vars[&format!("REDLEASE_FENCE_{}", i + 1)].parse().unwrap();
+    // The fences CMD saw are distinct, and still the last ones issued once released.
+    assert_ne!(fences[0], fences[1]);
+    for name in ["ledger", "audit"] {
         let status = json(&output(at(&server, &["status", name, "--json"])));
         assert_eq!(status["held"], false, "released");
-        assert_eq!(status["last_fence"], fence, "{name}");
+        assert_mark(&status["last_fence"], fences[0].max(fences[1]));
     }
-    assert!(
-        all_keys(&server).iter().all(|k| k.ends_with(":meta")),
-        "only metadata is left"
+    assert_eq!(
+        lock_keys(&server),
+        Vec::<String>::new(),
+        "only the fencing counter is left"
     );
 
     // One name held elsewhere: not acquired, naming it, and nothing else taken.
@@ -212,8 +217,11 @@ fn one_name_flags_and_a_repeated_name_are_usage_errors() {
 fn processes_taking_both_orders_and_single_names_lose_no_update() {
     let server = server();
     contend(&format!("--redis {}", server.url()), "A", "B", 10);
-    let left = all_keys(&server);
-    assert!(left.iter().all(|k| k.ends_with(":meta")), "{left:?}");
+    assert_eq!(
+        lock_keys(&server),
+        Vec::<String>::new(),
+        "only the fencing counter is left"
+    );
 }
 
 #[test]

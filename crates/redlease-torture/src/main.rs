@@ -10,8 +10,8 @@
 //! - `resource`: the fenced counter the critical sections protect, and its access log.
 //! - `checker`: what counts as a violation.
 //! - `algorithms`: the locks under test behind one trait — redlease's mutex, fair
-//!   mutex, read-write lock, semaphore, Redlock and legacy timestamp lock, and naive
-//!   baselines: the broken locks common in the wild.
+//!   mutex, leader election, read-write lock, semaphore, Redlock and legacy timestamp
+//!   lock, and naive baselines: the broken locks common in the wild.
 //! - `faults`, `report`, `clock`, `rng`: fault names, output, the shared clock, seeds.
 //! - `log`: the library's own log in every worker (`REDLEASE_TORTURE_LOG=debug`).
 //!

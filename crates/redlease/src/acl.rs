@@ -21,6 +21,7 @@ const COMMANDS: &[&str] = &[
     "del",
     "unlink",
     "exists",
+    "incr",
     "pttl",
     "pexpire",
     "publish",
@@ -37,6 +38,14 @@ const COMMANDS: &[&str] = &[
     "zrange",
     "zrangebyscore",
     "zremrangebyscore",
+    // An election's leader (a hash) and its history of changes (a stream).
+    "hset",
+    "hget",
+    "hmget",
+    "xadd",
+    "xlen",
+    "xrange",
+    "xrevrange",
 ];
 
 /// The ACL rules for a Redis user that runs redlease with key prefix `prefix`: access
@@ -95,8 +104,9 @@ mod tests {
             acl_rules("redlease:").join(" "),
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
-             +get +set +del +unlink +exists +pttl +pexpire +publish +time \
-             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore"
+             +get +set +del +unlink +exists +incr +pttl +pexpire +publish +time \
+             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore \
+             +hset +hget +hmget +xadd +xlen +xrange +xrevrange"
         );
     }
 

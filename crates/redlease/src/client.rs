@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::election::Election;
 use crate::engine::context::{Context, Settings};
 use crate::engine::notify::{Notifier, PubSubConnector};
 use crate::error::{Error, Result};
@@ -310,6 +311,25 @@ impl Client {
         Semaphore::new(self.ctx.clone(), name, limit, options)
     }
 
+    /// A leader election with default options (30 s lease, auto-renew): the leader is a
+    /// hash at key `<prefix><name>`. See [`Election`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    pub fn election(&self, name: &str) -> Result<Election> {
+        self.election_with(name, LeaseOptions::default())
+    }
+
+    /// A leader election whose leaderships have the given lease options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
+    pub fn election_with(&self, name: &str, options: LeaseOptions) -> Result<Election> {
+        Election::new(self.ctx.clone(), name, options)
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.ctx.prefix
@@ -442,9 +462,11 @@ impl ClientBuilder {
         self
     }
 
-    /// How long a lock's metadata — its fencing high-water mark, owner and release
-    /// record — outlives the lease (default 60 s). Fencing tokens stay monotonic across
-    /// a clock step-back of Redis's host shorter than this.
+    /// How long the metadata of a fair mutex, a read-write lock or an election — owner,
+    /// fencing token, since when — outlives the lease (default 60 s); an election's
+    /// terms stay monotonic across a clock step-back of Redis's host shorter than this.
+    /// (The plain mutex keeps no metadata: its fencing tokens come from a counter with a
+    /// floor that lives a day; see [`FencingToken`](crate::FencingToken).)
     pub fn metadata_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

@@ -286,6 +286,7 @@ impl LegacyLock {
         let spec = Acquire {
             script: &LEGACY_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.channel,
             wait,
             undo: release.clone(),
@@ -323,6 +324,8 @@ impl LegacyLock {
                             busy: Busy {
                                 remaining,
                                 pass_on: false,
+                                mark: None,
+                                foreign: false,
                             },
                             queued: false,
                         })

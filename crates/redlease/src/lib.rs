@@ -16,6 +16,9 @@
 //!   each name exactly the plain [`Mutex`] of that name, with its own fencing token —
 //!   without ever holding one name while waiting for another, so takers of overlapping
 //!   sets cannot deadlock; across the masters of a Redis Cluster too.
+//! - [`Election`] / [`Leadership`]: leader election — one leader among candidates,
+//!   for a term that is a fencing token; the value it publishes ([`Leader`]), and a
+//!   stream of changes ([`Observer`], [`LeaderEvent`]).
 //! - [`Lease`]: how long a holder may act (`valid_until`) and a [`lost`](Lease::lost)
 //!   signal; [`FencingToken`]: the number to hand the protected resource.
 //! - [`optimistic`]: no lock at all — `WATCH`/`MULTI`/`EXEC` transactions with bounded
@@ -41,8 +44,8 @@
 //! - the public face: `client` (the [`Client`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
-//!   `legacy`, `redlock`, `multi`: only what is specific to each, its keys, scripts, reply
-//!   shapes and waiting policy;
+//!   `legacy`, `redlock`, `election`, `multi`: only what is specific to each, its
+//!   keys, scripts, reply shapes and waiting policy;
 //! - `engine/`: the lease engine — leases and their ordering, the renewal task,
 //!   wake-ups, the acquire loop, requests with retries and deadlines, and the one
 //!   guard core every guard is built on;
@@ -139,6 +142,7 @@ pub use options::{
 pub use token::{FencingToken, Token};
 
 // The primitives.
+mod election;
 mod fair;
 mod legacy;
 mod multi;
@@ -148,6 +152,7 @@ mod redlock;
 mod rwlock;
 mod semaphore;
 
+pub use election::{Election, Leader, LeaderEvent, Leadership, MAX_LEADER_VALUE_LEN, Observer};
 pub use fair::{FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
 pub use multi::{MultiLock, MultiLockGuard};

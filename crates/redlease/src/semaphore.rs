@@ -258,6 +258,7 @@ impl Semaphore {
         let spec = Acquire {
             script: &SEM_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.channel,
             wait,
             undo: release.clone(),
@@ -280,6 +281,8 @@ impl Semaphore {
                             // Some permits are free, just not enough for us: another
                             // local waiter that needs fewer may use the wake-up.
                             pass_on: int(free).unwrap_or(0) > 0,
+                            mark: None,
+                            foreign: false,
                         },
                         queued: false,
                     }),

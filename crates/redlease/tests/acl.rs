@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::*;
-use redlease::{Client, LeaseOptions, Redlock};
+use futures_util::StreamExt;
+use redlease::{Client, LeaderEvent, LeaseOptions, Redlock};
 
 const USER: &str = "locker";
 const PASSWORD: &str = "s3cret-pass";
@@ -178,6 +179,53 @@ async fn everything_works_under_the_documented_acl_user() {
         .release()
         .await
         .unwrap();
+
+    // An election: a leader that proclaims and resigns, a candidate woken by the
+    // resignation, an observer of it all. Its leader is a hash and its history a
+    // stream, with the commands the rules grant for them.
+    let mut changes = b.election_with("leader", options).unwrap().observe();
+    let mut change = async || {
+        within(5.0, "the observer reports", changes.next())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(change().await, LeaderEvent::Vacant { resigned: false });
+    let leading = a
+        .election_with("leader", options)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    leading.proclaim("a2").await.unwrap();
+    let candidate = tokio::spawn({
+        let e = b.election_with("leader", options).unwrap();
+        async move { e.campaign_timeout("b", Duration::from_secs(10)).await }
+    });
+    eventually(5.0, "the candidate subscribes", || {
+        let mut admin = admin.clone();
+        async move {
+            let n: Vec<redis::Value> = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("{redlease:leader}:wake")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            n.get(1) == Some(&redis::Value::Int(1))
+        }
+    })
+    .await;
+    leading.resign().await.unwrap();
+    let next = within(5.0, "the candidate leads", candidate)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(change().await, LeaderEvent::Elected(l) if l.value == "a"));
+    assert!(matches!(change().await, LeaderEvent::Proclaimed(l) if l.value == "a2"));
+    assert_eq!(change().await, LeaderEvent::Vacant { resigned: true });
+    assert!(matches!(change().await, LeaderEvent::Elected(l) if l.term == next.term()));
+    next.resign().await.unwrap();
+    drop(changes);
 
     // The waiter's subscription ended after it acquired: UNSUBSCRIBE went out.
     drop((a, b, redlock));

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! public face   client, acl                      (and lib.rs)
-//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/
+//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/,
+//!               election/
 //! engine/       the lease engine
 //! script/       scripts, running them, reading replies
 //! transport/    connections, batching, cluster, sentinel, tls
@@ -27,6 +28,7 @@ const PRIMITIVES: &[&str] = &[
     "redlock",
     "multi",
     "optimistic",
+    "election",
 ];
 const FACE: &[&str] = &["client", "acl", "lib"];
 

@@ -287,13 +287,17 @@ async fn each_name_is_the_plain_mutex_lock_with_its_own_fencing_sequence() {
     );
     assert_eq!(guard.name(), "ledger+audit");
     assert_eq!(guard.key(), "redlease:ledger+redlease:audit");
+    // One counter issues the fencing tokens of every name on one server: the two names
+    // got distinct ones.
+    assert_ne!(ledger, audit);
     // A plain mutex's status sees the multi-lock's holding as its own kind.
     let status = plain.status().await.unwrap();
     assert!(status.held);
-    assert_eq!(status.fence, Some(ledger));
     assert_eq!(status.owner.as_deref(), Some(client.owner_label()));
+    assert_mark(status.last_fence, ledger.max(audit), "ledger");
     let audit_status = client.mutex("audit").unwrap().status().await.unwrap();
-    assert_eq!(audit_status.fence, Some(audit));
+    assert!(audit_status.held);
+    assert_eq!(audit_status.owner.as_deref(), Some(client.owner_label()));
     guard.release().await.unwrap();
     for key in ["redlease:ledger", "redlease:audit"] {
         assert!(!exists(&mut conn, key).await, "{key} released");
@@ -632,9 +636,26 @@ async fn bad_input_is_refused_and_a_wrong_type_takes_nothing() {
     assert!(matches!(err, redlease::Error::WrongType { .. }), "{err}");
     assert!(!exists(&mut conn, "redlease:fine").await, "nothing taken");
     assert!(
-        !exists(&mut conn, "{redlease:fine}:meta").await,
+        !exists(&mut conn, "{redlease:fence}").await,
         "no fencing token used"
     );
+    // A fencing counter that is not a number: nothing is taken either.
+    let _: () = redis::cmd("SET")
+        .arg("{redlease:fence}")
+        .arg("not-a-number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = client
+        .multi_lock(["fine", "also-fine"])
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap_err();
+    assert!(!err.is_contended(), "{err}");
+    for key in ["redlease:fine", "redlease:also-fine"] {
+        assert!(!exists(&mut conn, key).await, "{key} given back");
+    }
 }
 
 /// A release whose request for one master is held up by a slot migration (Redis answers
@@ -719,4 +740,242 @@ async fn a_release_held_up_by_a_slot_migration_keeps_renewing_what_it_has_not_re
     }
     assert_eq!(lease.lost_reason(), Some(LostReason::Released));
     assert_eq!(client.stats().leases_lost_by_renewal, 0);
+}
+
+/// The entries of a name's waiters (`{<key>}:q`, the plain mutex's registrations).
+async fn registrations<C: ConnectionLike + Send>(conn: &mut C, key: &str) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(format!("{{{key}}}:q"))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+/// A release announces itself only to registered waiters, so a waiting multi-lock
+/// registers on the names that keep it out — as a waiter to wake, never to hand the
+/// name to — and leaves the registrations when it gets every name, gives up or is
+/// cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_registers_on_the_busy_names_only_and_leaves_when_done() {
+    let server = server();
+    let holder = client(&server.url()).await;
+    let taker = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    let multi = taker.multi_lock(["free", "busy"]).unwrap();
+    let busy = holder.mutex("busy").unwrap();
+    let registered = |conn: &redis::aio::MultiplexedConnection, key: &'static str| {
+        let mut conn = conn.clone();
+        async move { registrations(&mut conn, key).await }
+    };
+
+    // Gets every name once the holder releases: woken, though the holder's lease had
+    // 30 s left.
+    let guard = busy.lock().await.unwrap();
+    let waiting = tokio::spawn({
+        let multi = multi.clone();
+        async move { multi.lock().await }
+    });
+    eventually(5.0, "the waiter registers on the busy name", || {
+        let conn = conn.clone();
+        async move { registered(&conn, "redlease:busy").await.len() == 1 }
+    })
+    .await;
+    let entries = registered(&conn, "redlease:busy").await;
+    assert!(
+        entries[0].len() == 17 && entries[0].ends_with('!'),
+        "an id and the kind a release only wakes: {entries:?}"
+    );
+    assert!(
+        registered(&conn, "redlease:free").await.is_empty(),
+        "not on the free name"
+    );
+    assert!(!exists(&mut conn, "redlease:free").await, "holding nothing");
+    guard.release().await.unwrap();
+    let got = within(5.0, "woken by the release", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    for key in ["redlease:free", "redlease:busy"] {
+        assert!(
+            registered(&conn, key).await.is_empty(),
+            "{key}: left once acquired"
+        );
+    }
+    got.release().await.unwrap();
+
+    // Gives up at its deadline, or is cancelled: the registration is left.
+    let guard = busy.lock().await.unwrap();
+    let err = multi.lock_timeout(Duration::from_millis(300)).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    eventually(5.0, "left after a timeout", || {
+        let conn = conn.clone();
+        async move { registered(&conn, "redlease:busy").await.is_empty() }
+    })
+    .await;
+    let waiting = tokio::spawn({
+        let multi = multi.clone();
+        async move { multi.lock().await }
+    });
+    eventually(5.0, "registered again", || {
+        let conn = conn.clone();
+        async move { registered(&conn, "redlease:busy").await.len() == 1 }
+    })
+    .await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    eventually(5.0, "left after a cancellation", || {
+        let conn = conn.clone();
+        async move { registered(&conn, "redlease:busy").await.is_empty() }
+    })
+    .await;
+    // With no multi-lock registered, a plain waiter gets the name handed over by the
+    // release.
+    let plain = tokio::spawn({
+        let mutex = taker.mutex("busy").unwrap();
+        async move { mutex.lock().await }
+    });
+    eventually(5.0, "the plain waiter registers", || {
+        let conn = conn.clone();
+        async move { registered(&conn, "redlease:busy").await.len() == 1 }
+    })
+    .await;
+    guard.release().await.unwrap();
+    let got = within(5.0, "the plain waiter gets the name", plain)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(registered(&conn, "redlease:busy").await.is_empty());
+    got.release().await.unwrap();
+}
+
+/// Plain and multi-lock acquisitions of a name draw their fencing tokens from the same
+/// counter — on one server one per prefix, which a plain mutex on a free lock bumps
+/// with a pipelined INCR; on a cluster one per slot — so the tokens of the name rise
+/// across both kinds, also when the counter expired in between; and names taken by one
+/// script get distinct tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_and_multi_lock_fencing_tokens_rise_together() {
+    async fn alternate<C: ConnectionLike + Send + Clone + 'static>(
+        client: &Client,
+        conn: &C,
+        names: [&str; 2],
+        counter: &str,
+    ) {
+        let plain = client.mutex(names[0]).unwrap();
+        let multi = client.multi_lock(names).unwrap();
+        let mut last = FencingToken::new(0);
+        for round in 0..12 {
+            if round % 4 == 3 {
+                // Let the counter expire (it lives 100 ms from its seed): the next
+                // acquisition seeds it again.
+                let counter = counter.to_owned();
+                eventually(5.0, "the fencing counter expires", || {
+                    let (mut conn, counter) = (conn.clone(), counter.clone());
+                    async move { !exists_any(&mut conn, &counter).await }
+                })
+                .await;
+            }
+            let guard = plain.try_lock().await.unwrap();
+            assert!(
+                guard.fence() > last,
+                "round {round}: plain {} after {last}",
+                guard.fence()
+            );
+            last = guard.fence();
+            guard.release().await.unwrap();
+            let guard = multi.try_lock().await.unwrap();
+            let &[first, second] = guard.fences() else {
+                panic!("one fence per name")
+            };
+            assert!(first > last, "round {round}: multi {first} after {last}");
+            assert!(
+                second > last && second != first,
+                "round {round}: {second}, {first}"
+            );
+            last = first;
+            guard.release().await.unwrap();
+        }
+    }
+    let server = server();
+    let client = client(&server.url()).await;
+    let conn = raw(&server).await;
+    alternate(&client, &conn, ["ta", "tb"], "{redlease:fence}").await;
+
+    let cluster = cluster(3);
+    let client = cluster_client(&cluster).await;
+    let conn = raw_cluster(&cluster).await;
+    // The counter of the names' slot: the only key but theirs the acquisitions write
+    // in it.
+    let guard = client
+        .multi_lock(["{s}a", "{s}b"])
+        .unwrap()
+        .try_lock()
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let slot = cluster.slot_of("redlease:{s}a").unwrap();
+    let mut node = raw(cluster.master(cluster.master_of_slot(slot).unwrap())).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(10)
+        .query_async(&mut node)
+        .await
+        .unwrap();
+    let counter = keys
+        .iter()
+        .find(|k| k.starts_with("{redlease:fence:") && k.ends_with('}'))
+        .unwrap_or_else(|| panic!("a fencing counter in the slot: {keys:?}"))
+        .clone();
+    alternate(&client, &conn, ["{s}a", "{s}b"], &counter).await;
+}
+
+/// A multi-lock waiting behind a holder of one name that is not redlease — another
+/// library's `SET NX PX` lock, or a key without a TTL — whose release announces nothing,
+/// polls that holder, and gets every name soon after it lets go. (Without polling it
+/// would wait out the foreign lease: 10 s here, or half its registration's life for a
+/// key without a TTL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
+        let key = format!("redlease:{name}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+        if let Some(ms) = ttl {
+            set.arg("PX").arg(ms);
+        }
+        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
+        assert_eq!(taken.as_deref(), Some("OK"));
+        let waiter = tokio::spawn({
+            let multi = client.multi_lock(["beside", name]).unwrap();
+            async move {
+                let guard = multi.lock_timeout(Duration::from_secs(8)).await;
+                (guard, Instant::now())
+            }
+        });
+        eventually(5.0, "the waiter registered", || {
+            let mut conn = conn.clone();
+            let key = key.clone();
+            async move { registrations(&mut conn, &key).await.len() == 1 }
+        })
+        .await;
+        // Into the longer polls.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
+        let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+        let released = Instant::now();
+        let (guard, acquired_at) = within(10.0, "the waiter", waiter).await.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = acquired_at - released;
+        assert!(
+            after < Duration::from_millis(150),
+            "{name}: in {after:?} after the foreign release, not after the foreign lease"
+        );
+        guard.release().await.unwrap();
+    }
 }

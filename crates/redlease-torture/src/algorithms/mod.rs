@@ -28,6 +28,7 @@ use crate::faults::Fault;
 mod legacy;
 mod naive_get_del;
 mod naive_setnx_expire;
+mod redlease_election;
 mod redlease_fair;
 mod redlease_multi;
 mod redlease_mutex;
@@ -48,6 +49,7 @@ pub fn all() -> Vec<Arc<dyn Algorithm>> {
         Arc::new(redlease_mutex::RedleaseMutex { fenced: true }),
         Arc::new(redlease_mutex::RedleaseMutex { fenced: false }),
         Arc::new(redlease_fair::RedleaseFair),
+        Arc::new(redlease_election::RedleaseElection),
         Arc::new(redlease_rwlock::RedleaseRwLock),
         Arc::new(redlease_semaphore::RedleaseSemaphore),
         Arc::new(redlease_redlock::RedleaseRedlock),

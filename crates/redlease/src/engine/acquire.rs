@@ -36,7 +36,20 @@ pub(crate) struct Busy {
     /// semaphore waiter that needs more permits than are free): a wake-up this waiter
     /// consumed is passed on, at most once per message, instead of being swallowed.
     pub pass_on: bool,
+    /// The highest fencing token issued for the lock when the attempt ran, when the
+    /// primitive reports it: a hand-over with a fence not above it was made before
+    /// the attempt, and is stale (the attempt would have found the lock ours).
+    pub mark: Option<u64>,
+    /// The holder is not a client whose release wakes waiters (another library's lock,
+    /// or a key without a TTL): the waiter polls, backing off from a few milliseconds
+    /// to [`POLL_MAX`], instead of waiting for a wake-up that will not come.
+    pub foreign: bool,
 }
+
+/// The first and the longest pause between the attempts of a waiter that polls a
+/// foreign holder.
+const POLL_FIRST: Duration = Duration::from_millis(4);
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// How an acquire waits.
 pub(crate) struct Waiting<'a> {
@@ -82,6 +95,8 @@ where
     // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
     // so a wake-up is passed on only by waiters that had not yet tried since it came.
     let mut previous = None;
+    // The next pause when polling a foreign holder.
+    let mut poll = POLL_FIRST;
     loop {
         let seen = sub.as_ref().map(Subscription::generation);
         let outcome = attempt(deadline).await;
@@ -94,12 +109,12 @@ where
                 d.settle();
             }
         }
-        let remaining = match outcome? {
+        let (remaining, foreign) = match outcome? {
             Attempt::Acquired(value) => {
                 tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "acquired");
                 return Ok(value);
             }
-            Attempt::Busy(busy) => busy.remaining,
+            Attempt::Busy(busy) => (busy.remaining, busy.foreign),
         };
         if !spec.wait.waits() {
             return Err(Error::Contended {
@@ -125,6 +140,15 @@ where
             continue;
         };
         let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
+        let fallback = if foreign {
+            // Nobody will announce this holder's release: look again soon.
+            let pause = poll.min(fallback);
+            poll = (poll * 2).min(POLL_MAX);
+            pause
+        } else {
+            poll = POLL_FIRST;
+            fallback
+        };
         let wake_at = Deadline::At(later(now, fallback.saturating_add(jitter(fallback)))).min(deadline);
         let granted = async {
             match grant.as_mut() {
@@ -180,6 +204,9 @@ pub(crate) struct Acquire<'a> {
     /// The acquire request (an EVALSHA of `script`), idempotent under a retry.
     pub script: &'static LuaScript,
     pub cmd: &'a Cmd,
+    /// What the attempts send instead once an attempt left a registration behind
+    /// (`Reply::Busy { queued: true }`), when that differs.
+    pub cmd_registered: Option<&'a Cmd>,
     /// Where releases are announced.
     pub channel: &'a str,
     pub wait: Wait,
@@ -258,6 +285,8 @@ impl Reply {
             busy: Busy {
                 remaining,
                 pass_on: false,
+                mark: None,
+                foreign: false,
             },
             queued: false,
         }
@@ -280,6 +309,7 @@ impl LockBase {
         let Acquire {
             script,
             cmd,
+            cmd_registered,
             channel,
             wait,
             token,
@@ -299,9 +329,12 @@ impl LockBase {
             fallback: self.options.ttl,
             grant: None,
         };
-        // When the last attempt that found the lock busy was sent: a grant came after it.
-        let last_busy: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
-        let (claim_ref, parse_ref, last_busy_ref, renew_ref) = (&claim, &parse, &last_busy, &renew);
+        // When the last attempt that found the lock busy was sent, and the fencing mark it
+        // saw: a grant with a higher fence was made after that attempt ran.
+        let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
+        let registered = std::sync::atomic::AtomicBool::new(false);
+        let (claim_ref, parse_ref, last_busy_ref, renew_ref, registered_ref) =
+            (&claim, &parse, &last_busy, &renew, &registered);
         let ttl = self.options.ttl;
         let deadline = wait.deadline();
         let claim_window = grant.as_ref().map(|g| g.claim);
@@ -312,6 +345,10 @@ impl LockBase {
             },
             move |deadline| async move {
                 claim_ref.arm();
+                let cmd = match cmd_registered {
+                    Some(other) if registered_ref.load(std::sync::atomic::Ordering::Relaxed) => other,
+                    _ => cmd,
+                };
                 let Acked { reply, acked, sent } = op
                     .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
                     .await
@@ -327,10 +364,12 @@ impl LockBase {
                         Ok(Attempt::Acquired((fence, remaining, sent, acked)))
                     }
                     Reply::Busy { busy, queued } => {
-                        if !queued {
+                        if queued {
+                            registered_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                        } else {
                             claim_ref.answered_no();
                         }
-                        *last_busy_ref.lock().expect("last busy") = Some(sent);
+                        *last_busy_ref.lock().expect("last busy") = Some((sent, busy.mark));
                         Ok(Attempt::Busy(busy))
                     }
                 }
@@ -341,12 +380,19 @@ impl LockBase {
                 };
                 let claim = claim_window.unwrap_or_default();
                 let busy = *last_busy_ref.lock().expect("last busy");
-                if let Some(busy) = busy
+                // Relied on without a round trip only when the grant is known to have been
+                // made after the last attempt that found the lock busy: then the lock was
+                // ours from no later than when that attempt was sent. A grant made before
+                // it is stale — the lock was ours then but no longer when the attempt ran
+                // (its claim ran out while this client stalled, and another took it).
+                if let Some((busy, Some(mark))) = busy
+                    && fence > mark
                     && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
                 {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
-                // Waited too long to rely on the claim window: confirm by extending.
+                // Not known to be current, or waited too long to rely on the claim window:
+                // confirm by extending (which fails unless the lock is ours now).
                 let ttl_ms = ttl.as_millis() as u64;
                 let Acked { reply, sent, .. } = op
                     .eval_acked(

@@ -1,15 +1,18 @@
 //! Several plain mutexes taken as one: every name, or none.
 //!
-//! Each name is the plain mutex's own lock — the same key, metadata and fencing
-//! sequence, written by the plain mutex's own script steps — so a [`Mutex`](crate::Mutex)
-//! of one of the names, or another client's lock on its key, excludes the whole set.
+//! Each name is the plain mutex's own lock — the same key and value, the same fencing
+//! counter, the same waiters, written by the plain mutex's own script steps — so a
+//! [`Mutex`](crate::Mutex) of one of the names, or another client's lock on its key,
+//! excludes the whole set.
 //!
 //! The names are grouped by their Redis Cluster hash slot (on one server or under
 //! Sentinel they form one group), and one script takes every name of a group, all or
 //! none. The groups are taken one after the other in slot order, the same order for
 //! every process. When a group is busy, what the attempt took is released before it
 //! waits: nobody holds one name while waiting for another, so processes that take
-//! overlapping sets, in whatever order they list them, cannot deadlock.
+//! overlapping sets, in whatever order they list them, cannot deadlock. A waiter
+//! registers on the names that keep it out, as a waiter a release wakes but does not
+//! hand the name to.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,16 +26,16 @@ use tokio::time::Instant;
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::{GuardCore, Released};
+use crate::engine::heartbeat::waiter_id;
 use crate::engine::lease::{Lease, LeaseState, LostReason, Renew, Renewal, drift};
 use crate::engine::notify::{Subscription, WakeDebt};
 use crate::engine::request::{Claim, Op, spawn_release};
 use crate::error::{Error, Result};
-use crate::keys::{self, LockKeys};
+use crate::keys::{self, LockKeys, key_slot};
 use crate::options::LeaseOptions;
 use crate::script::reply::{array, int, ms};
 use crate::script::{LuaScript, MULTI_ACQUIRE, MULTI_EXTEND, MULTI_RELEASE, ScriptCall, eval_batch};
 use crate::token::{FencingToken, Token};
-use crate::transport::key_slot;
 
 mod guard;
 
@@ -43,12 +46,16 @@ use guard::{Keeper, Renewing};
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 /// Longest such pause.
 const RETRY_MAX: Duration = Duration::from_millis(500);
+/// The first and the longest pause between the attempts of a waiter that polls a
+/// foreign holder (the plain mutex's).
+const POLL_FIRST: Duration = Duration::from_millis(4);
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// Several names locked as one: a guard holds every name, or the lock is not taken.
 ///
 /// Each name is exactly the plain [`Mutex`](crate::Mutex) of that name: the key
-/// `<prefix><name>` holding the holder's token with a PX TTL, the same metadata, and
-/// the same fencing sequence. So a `Mutex` of any of the names excludes a multi-lock
+/// `<prefix><name>` holding the holder's token with a PX TTL, and the same fencing
+/// sequence. So a `Mutex` of any of the names excludes a multi-lock
 /// holding it and the other way round, and so do redis-py's `Lock`, node-redlock and
 /// redsync on those keys; and each name's [`FencingToken`] continues the sequence of
 /// that name, whoever took it before.
@@ -60,15 +67,15 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// names share a `{hash tag}` — one script takes every name or none. Otherwise the
 /// names are taken slot by slot, in slot order (the same order in every process), and
 /// when a slot's names are busy, those already taken are released before waiting. A
-/// waiter is woken through Redis when any name that kept it out is released; after it
-/// gave back a partial holding it first backs off for a random moment, so that
-/// processes taking overlapping sets do not retry in lockstep. A missed wake-up costs
-/// at most the remaining lease of the name that kept it out.
+/// waiter registers on the names that kept it out, and is woken through Redis when any
+/// of them is released; after it gave back a partial holding it first backs off for a
+/// random moment, so that processes taking overlapping sets do not retry in lockstep.
+/// A missed wake-up costs at most the remaining lease of the name that kept it out.
 ///
 /// Not fair: processes that lock one of the names alone may go first again and again —
 /// a release of a name hands it straight to a plain [`Mutex`](crate::Mutex) waiter
-/// registered for it, as a plain release does, while a multi-lock waiter does not
-/// register (it needs every name at once, not one).
+/// registered for it ahead of a multi-lock waiter, as a plain release does, while a
+/// multi-lock waiter is only woken to try again (it needs every name at once, not one).
 ///
 /// # Guarantees
 ///
@@ -107,11 +114,12 @@ struct Shared {
     options: LeaseOptions,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// The metadata's TTL (the lease plus the retention), as the script argument.
-    meta_px_arg: Arc<str>,
     /// How long a name a release hands to a plain mutex's registered waiter holds
     /// before that waiter extends it, as the script argument (the plain mutex's rule).
     claim_arg: Arc<str>,
+    /// How long a waiter's registration on a busy name lives without a new attempt, as
+    /// the script argument (the plain mutex's rule).
+    register_arg: Arc<str>,
     /// The names joined with `+`: what the guard surface, logs and errors about all of
     /// them show.
     label: Arc<str>,
@@ -124,9 +132,12 @@ struct Shared {
 struct Name {
     name: Arc<str>,
     key: Arc<str>,
-    meta: Arc<str>,
-    /// Plain mutex waiters registered for a hand-over (the multi-lock's release hands a
-    /// name to one, as the plain mutex's does).
+    /// The fencing counter of the name's hash slot (shared with the other names of the
+    /// prefix on one server, of the slot on a cluster) and its floor.
+    counter: Arc<str>,
+    floor: Arc<str>,
+    /// The waiters registered for the name: plain mutex waiters, which a release may
+    /// hand it to, and multi-lock waiters, which it wakes.
     waiters: Arc<str>,
     channel: Arc<str>,
 }
@@ -136,12 +147,12 @@ struct Name {
 struct Group {
     /// Indices into `Shared::names`.
     members: Vec<usize>,
-    /// `[lock key, meta key]` of every member, in member order: acquire and extend (a
-    /// renewal names only keys that exist while the names are held, which a slot
-    /// migration does not refuse).
+    /// `[lock key, fencing counter, its floor, waiters]` of every member, in member
+    /// order: the plain mutex's acquire and release.
     keys: Arc<[Arc<str>]>,
-    /// `[lock key, meta key, waiters]` of every member: the plain mutex's release.
-    release_keys: Arc<[Arc<str>]>,
+    /// The lock key of every member: extend. (A renewal names only keys that exist
+    /// while the names are held, which a slot migration does not refuse.)
+    lock_keys: Arc<[Arc<str>]>,
     /// The members' names and keys joined with `+`, for errors.
     label: Arc<str>,
     key_label: Arc<str>,
@@ -166,6 +177,9 @@ struct Busy {
     /// Index into `Shared::names`.
     name: usize,
     remaining: Option<Duration>,
+    /// Held by another library's lock (or a key without a TTL), whose release
+    /// announces nothing.
+    foreign: bool,
 }
 
 /// A group an attempt holds.
@@ -177,6 +191,55 @@ struct Taken {
     sent: Instant,
     /// Per member: its fencing token and what its lease has left.
     held: Vec<(u64, Duration)>,
+}
+
+/// A waiter's registration on the names that keep it out (see `multi_acquire.lua`):
+/// an entry `<id>!` in each one's waiters, of the kind a release wakes but never hands
+/// the name to — a multi-lock needs every name at once. Without it a release of a name
+/// would not announce itself (a release announces only to registered waiters), and the
+/// waiter would sleep until the holder's lease ran out.
+///
+/// Each attempt renews the registrations on the names it finds busy and leaves those on
+/// the names it takes. When the acquire ends without every name — it gave up, failed
+/// or was dropped — the groups that may still hold one leave it in the background;
+/// left alone, a registration would expire by itself after its life.
+struct Registration<'a> {
+    lock: &'a MultiLock,
+    /// `<id>!`: 16 hex digits and the kind.
+    member: Arc<str>,
+    /// Per group: an attempt may have left the registration on some of its names.
+    groups: Vec<AtomicBool>,
+}
+
+impl<'a> Registration<'a> {
+    fn new(lock: &'a MultiLock) -> Self {
+        Registration {
+            lock,
+            member: format!("{}!", waiter_id()).into(),
+            groups: lock
+                .shared
+                .groups
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+        }
+    }
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let s = &*self.lock.shared;
+        for (g, registered) in self.groups.iter().enumerate() {
+            if registered.load(Ordering::Relaxed) {
+                // A release with a token that holds nothing only leaves the
+                // registration.
+                let call = self
+                    .lock
+                    .release_call_leaving(g, &Token::generate(), self.member.clone());
+                spawn_release(s.ctx.clone(), s.groups[g].label.clone(), call, s.options.ttl);
+            }
+        }
+    }
 }
 
 /// What the renewal rounds and the release of one holding tell each other.
@@ -252,9 +315,11 @@ impl MultiLock {
                 });
             }
             let keys = LockKeys::new(&ctx.prefix, name)?;
+            let [counter, floor] = ctx.fence_keys.of(&keys);
             names.push(Name {
                 name: name.as_str().into(),
-                meta: keys.aux("meta").into(),
+                counter,
+                floor,
                 waiters: keys.aux("q").into(),
                 channel: keys.aux("wake").into(),
                 key: keys.key.into(),
@@ -279,12 +344,17 @@ impl MultiLock {
                 Group {
                     keys: members
                         .iter()
-                        .flat_map(|i| [of(i).key.clone(), of(i).meta.clone()])
+                        .flat_map(|i| {
+                            let n = of(i);
+                            [
+                                n.key.clone(),
+                                n.counter.clone(),
+                                n.floor.clone(),
+                                n.waiters.clone(),
+                            ]
+                        })
                         .collect(),
-                    release_keys: members
-                        .iter()
-                        .flat_map(|i| [of(i).key.clone(), of(i).meta.clone(), of(i).waiters.clone()])
-                        .collect(),
+                    lock_keys: members.iter().map(|i| of(i).key.clone()).collect(),
                     label: join(|n| &n.name).into(),
                     key_label: join(|n| &n.key).into(),
                     members,
@@ -292,7 +362,6 @@ impl MultiLock {
             })
             .collect();
         let key_label = names.iter().map(|n| &*n.key).collect::<Vec<_>>().join("+");
-        let meta_px_arg = (ttl_ms + ctx.retention_ms).to_string().into();
         Ok(MultiLock {
             shared: Arc::new(Shared {
                 ctx,
@@ -300,8 +369,8 @@ impl MultiLock {
                 groups,
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
-                meta_px_arg,
                 claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
+                register_arg: register_life(options.ttl).as_millis().to_string().into(),
                 label: label.into(),
                 key_label: key_label.into(),
             }),
@@ -394,12 +463,17 @@ impl MultiLock {
         // The last wake-up message passed on: each is passed on once per waiter.
         let mut passed: Option<(usize, u64)> = None;
         let mut too_late: Option<(Instant, Duration)> = None;
+        // The next pause when polling a foreign holder.
+        let mut poll = POLL_FIRST;
+        // A waiter registers on the names that keep it out, so that their releases
+        // wake it; the registrations are left when it gets every name or gives up.
+        let registration = wait.waits().then(|| Registration::new(self));
         loop {
             let round = Instant::now();
             let generation = woken
                 .as_ref()
                 .and_then(|(i, _)| Some((*i, subs[*i].as_ref()?.generation())));
-            let outcome = self.attempt(deadline).await;
+            let outcome = self.attempt(deadline, registration.as_ref()).await;
             if let Some((i, debt)) = woken.take() {
                 // Woken for a name that did not keep this attempt out: another local
                 // waiter of that name can use the wake-up.
@@ -471,12 +545,25 @@ impl MultiLock {
                 let pause = random_up_to(round.elapsed() * 4 + Duration::from_millis(5));
                 Deadline::after(pause).min(deadline).sleep().await;
             }
+            // Woken by a release of a name that kept this attempt out, or else tried
+            // again when the first of their leases runs out — and within half the life
+            // of the registrations, which each attempt renews.
             let fallback = busy
                 .iter()
                 .filter_map(|b| b.remaining)
                 .min()
                 .unwrap_or(s.options.ttl)
+                .min(register_life(s.options.ttl) / 2)
                 .max(Duration::from_millis(1));
+            let fallback = if busy.iter().any(|b| b.foreign) {
+                // Nobody will announce that holder's release: look again soon.
+                let pause = poll.min(fallback);
+                poll = (poll * 2).min(POLL_MAX);
+                pause
+            } else {
+                poll = POLL_FIRST;
+                fallback
+            };
             let wake_at = Deadline::At(later(
                 Instant::now(),
                 fallback.saturating_add(random_up_to(fallback / 10 + Duration::from_millis(5))),
@@ -512,17 +599,24 @@ impl MultiLock {
     /// One attempt: takes the groups in slot order with a fresh token, and gives back
     /// what it took when a group is busy. A fresh token per attempt keeps a late
     /// background release of one attempt from ever freeing a later attempt's names.
-    async fn attempt(&self, deadline: Deadline) -> Result<Attempt> {
+    ///
+    /// With a `registration` (a waiter), a group found busy registers it on the names
+    /// that keep it out, and a group taken leaves its registration.
+    async fn attempt(&self, deadline: Deadline, registration: Option<&Registration<'_>>) -> Result<Attempt> {
         let s = &*self.shared;
-        let token = Token::generate();
-        let tail = format!(" {} {}", token.expose(), s.ctx.label);
+        let token = Token::for_owner(&s.ctx.label);
+        let member = registration.map_or("", |r| &*r.member);
         let mut taken: Vec<Taken> = Vec::with_capacity(s.groups.len());
         for (g, group) in s.groups.iter().enumerate() {
             let claim = self.claim(g, &token);
             claim.arm();
+            if let Some(r) = registration {
+                // From now on the group may hold the registration.
+                r.groups[g].store(true, Ordering::Relaxed);
+            }
             let cmd = MULTI_ACQUIRE.evalsha(
                 &group.keys,
-                &[token.expose(), &s.ttl_arg, &tail, &s.meta_px_arg],
+                &[token.expose(), &s.ttl_arg, member, &s.register_arg],
                 None,
             );
             let op = self.op(g, "acquire");
@@ -536,7 +630,12 @@ impl MultiLock {
                         claim.answered_no();
                     }
                 })?;
-            match parse_acquire(&reply, group.members.len(), s.options.ttl) {
+            let granted = parse_acquire(&reply, group.members.len(), s.options.ttl);
+            if let (Some(Granted::All(_)), Some(r)) = (&granted, registration) {
+                // The script left the registration on every name of the group.
+                r.groups[g].store(false, Ordering::Relaxed);
+            }
+            match granted {
                 Some(Granted::All(held)) => taken.push(Taken {
                     group: g,
                     claim,
@@ -549,9 +648,10 @@ impl MultiLock {
                     self.give_back(&token, taken).await;
                     let mut busy: Vec<Busy> = busy
                         .into_iter()
-                        .map(|(k, remaining)| Busy {
+                        .map(|(k, remaining, foreign)| Busy {
                             name: group.members[k],
                             remaining,
+                            foreign,
                         })
                         .collect();
                     busy.sort_by_key(|b| b.name);
@@ -657,23 +757,29 @@ impl MultiLock {
     }
 
     fn release_call(&self, g: usize, token: &Token) -> ScriptCall {
+        self.release_call_leaving(g, token, "".into())
+    }
+
+    /// The release call that also leaves a waiter's `registration` on every name of
+    /// group `g`.
+    fn release_call_leaving(&self, g: usize, token: &Token, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
         let group = &s.groups[g];
         let mut args = Vec::with_capacity(4 + group.members.len());
         args.push(token.shared());
         args.push(s.ctx.publish.clone());
         args.push(s.claim_arg.clone());
-        args.push(s.meta_px_arg.clone());
+        args.push(registration);
         args.extend(group.members.iter().map(|&i| s.names[i].channel.clone()));
-        ScriptCall::new(&MULTI_RELEASE, group.release_keys.clone(), args.into())
+        ScriptCall::new(&MULTI_RELEASE, group.keys.clone(), args.into())
     }
 
     fn extend_call(&self, g: usize, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
             &MULTI_EXTEND,
-            s.groups[g].keys.clone(),
-            Arc::new([token.shared(), s.ctx.retention_arg.clone()]),
+            s.groups[g].lock_keys.clone(),
+            Arc::new([token.shared()]),
         )
     }
 
@@ -862,31 +968,35 @@ impl MultiLock {
 enum Granted {
     /// Per member: its fencing token and what is left of its lease.
     All(Vec<(u64, Duration)>),
-    /// Members (indices into the group) held by others, with their remaining leases.
-    Busy(Vec<(usize, Option<Duration>)>),
+    /// Members (indices into the group) held by others, with their remaining leases
+    /// and whether the holder is foreign.
+    Busy(Vec<(usize, Option<Duration>, bool)>),
 }
 
 fn parse_acquire(reply: &Value, members: usize, ttl: Duration) -> Option<Granted> {
     let (flag, rest) = array(reply)?.split_first()?;
-    if rest.len() % 2 != 0 {
-        return None;
-    }
-    let pairs = rest.chunks(2).map(|pair| (int(&pair[0]), int(&pair[1])));
     match int(flag)? {
-        1 if rest.len() == 2 * members => pairs
-            .map(|(fence, pttl)| {
-                let fence = u64::try_from(fence?).ok().filter(|&f| f > 0)?;
-                Some((fence, ms(pttl).unwrap_or(ttl).min(ttl)))
+        1 if rest.len() == 2 * members => rest
+            .chunks(2)
+            .map(|pair| {
+                let fence = u64::try_from(int(&pair[0])?).ok().filter(|&f| f > 0)?;
+                Some((fence, ms(int(&pair[1])).unwrap_or(ttl).min(ttl)))
             })
             .collect::<Option<Vec<_>>>()
             .map(Granted::All),
-        0 if !rest.is_empty() => pairs
-            .map(|(k, pttl)| {
-                let k = usize::try_from(k?)
+        0 if !rest.is_empty() && rest.len() % 3 == 0 => rest
+            .chunks(3)
+            .map(|busy| {
+                let k = usize::try_from(int(&busy[0])?)
                     .ok()?
                     .checked_sub(1)
                     .filter(|&k| k < members)?;
-                Some((k, ms(pttl)))
+                let foreign = match int(&busy[2])? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                Some((k, ms(int(&busy[1])), foreign))
             })
             .collect::<Option<Vec<_>>>()
             .map(Granted::Busy),
@@ -899,6 +1009,12 @@ fn parse_acquire(reply: &Value, members: usize, ttl: Duration) -> Option<Granted
 /// release takes from the releaser.
 fn grant_claim(ttl: Duration) -> Duration {
     ttl.min(Duration::from_secs(2))
+}
+
+/// How long a waiter's registration lives without a new attempt: the plain mutex's rule
+/// (`mutex::register_life`). A waiter tries again within half of it.
+fn register_life(ttl: Duration) -> Duration {
+    (ttl * 2).max(Duration::from_secs(2))
 }
 
 fn timeout(name: &str, started: Instant) -> Error {
@@ -940,16 +1056,19 @@ mod tests {
             ),
             _ => panic!("two names granted"),
         }
-        match parse_acquire(&ints(&[0, 2, 800, 1, -1]), 2, ttl) {
-            Some(Granted::Busy(busy)) => {
-                assert_eq!(busy, [(1, Some(Duration::from_millis(800))), (0, None)])
-            }
+        match parse_acquire(&ints(&[0, 2, 800, 0, 1, -1, 1]), 2, ttl) {
+            Some(Granted::Busy(busy)) => assert_eq!(
+                busy,
+                [(1, Some(Duration::from_millis(800)), false), (0, None, true)]
+            ),
             _ => panic!("two names busy"),
         }
         for bad in [
             ints(&[1, 7, 30_000]),
             ints(&[0]),
-            ints(&[0, 3, 5]),
+            ints(&[0, 3, 5, 0]),
+            ints(&[0, 1, 5]),
+            ints(&[0, 1, 5, 2]),
             ints(&[1, 0, 5, 9, 5]),
             ints(&[2, 1, 1, 1, 1]),
             Value::Int(1),

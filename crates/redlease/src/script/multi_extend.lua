@@ -4,11 +4,10 @@
 -- Each name goes through the plain mutex's own extend step (mutex_extend.lua, wrapped
 -- as the function mutex_extend(KEYS, ARGV) before this script).
 --
--- KEYS[1], KEYS[2]  lock key and meta key of the first name; KEYS[2i-1], KEYS[2i] those
---                   of the i-th name
+-- KEYS[1]  lock key of the first name; KEYS[i] that of the i-th name (only keys that
+--          exist while the names are held: a slot migration does not refuse them)
 -- ARGV[1]  token         the holder's token
--- ARGV[2]  retention_ms  how long the metadata outlives the lease
--- ARGV[3]  ttl_ms        every lease lasts at least this long from now (always the last
+-- ARGV[2]  ttl_ms        every lease lasts at least this long from now (always the last
 --                        argument)
 --
 -- Reply: 1  the token holds every name; each TTL is now at least ttl_ms
@@ -17,8 +16,8 @@
 --
 -- Never shortens a lease, and a retry changes nothing more (see mutex_extend.lua).
 local held = 1
-for i = 1, #KEYS / 2 do
-  if mutex_extend({KEYS[2 * i - 1], KEYS[2 * i]}, ARGV) ~= 1 then
+for i = 1, #KEYS do
+  if mutex_extend({KEYS[i]}, ARGV) ~= 1 then
     held = 0
   end
 end

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-pub(crate) use crate::transport::value::{array, int, opt_string};
+pub(crate) use crate::transport::value::{array, int, opt_string, text};
 
 use crate::error::Error;
 use crate::token::FencingToken;
