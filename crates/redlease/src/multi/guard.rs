@@ -124,9 +124,11 @@ impl MultiLockGuard {
         self.fences.get(i).copied()
     }
 
-    /// Releases every name, as the plain mutex releases it: compare-and-delete and a
-    /// wake-up, or a hand-over to a plain [`Mutex`](crate::Mutex) waiter registered for
-    /// that name. One script call per hash slot the names span, sent at once.
+    /// Releases every name, as the plain mutex releases it: compare-and-delete, and a
+    /// hand-over to a plain [`Mutex`](crate::Mutex) waiter registered for that name or
+    /// a wake-up of its registered waiters. One script call per hash slot the names
+    /// span, sent at once. Until each is answered, the names it has not released yet
+    /// stay renewed (a slot migration can hold one up).
     ///
     /// # Cancel safety
     ///
