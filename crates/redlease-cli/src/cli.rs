@@ -165,6 +165,14 @@ pub struct TopologyArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD while holding a lock, renewing its lease until CMD exits (like flock(1))
+    ///
+    /// With several NAMEs, holds all of them at once: each is the plain lock of that
+    /// name, and they are taken all or none — never holding some while waiting for the
+    /// others, so commands that list the same names in different orders cannot
+    /// deadlock. CMD then gets REDLEASE_FENCE_1, REDLEASE_FENCE_2, … (the fencing token
+    /// of each NAME, in the order given), REDLEASE_NAME_1, … and REDLEASE_KEY_1, …;
+    /// REDLEASE_NAME and REDLEASE_KEY list the names and keys joined with '+', and
+    /// REDLEASE_FENCE is not set (no single token fences several resources).
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
 
@@ -279,9 +287,9 @@ pub struct ChildArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    /// The lock's name (the key is <PREFIX><NAME>); give several to hold them all
+    #[arg(value_name = "NAME", value_parser = name, required = true, num_args = 1..)]
+    pub names: Vec<String>,
 
     /// Take the lock in arrival order (a FIFO queue across all clients)
     #[arg(long, conflicts_with = "legacy")]

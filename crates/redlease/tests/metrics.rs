@@ -227,15 +227,19 @@ fn acquire_calls_are_counted_by_kind_and_outcome() {
         rw.write().await.unwrap().release().await.unwrap();
         let election = a.election("elect").unwrap();
         election.campaign("me").await.unwrap().release().await.unwrap();
+        let multi = a.multi_lock(["one", "two", "three"]).unwrap();
+        multi.lock().await.unwrap().release().await.unwrap();
         assert_eq!(m.outcomes("fair_mutex"), [1, 0, 0, 0]);
         assert_eq!(m.outcomes("semaphore"), [1, 0, 0, 0]);
         assert_eq!(m.outcomes("rwlock"), [2, 0, 0, 0]);
         assert_eq!(m.outcomes("election"), [1, 0, 0, 0]);
+        assert_eq!(m.outcomes("multi"), [1, 0, 0, 0], "once for its three names");
         for (kind, n) in [
             ("fair_mutex", 1),
             ("semaphore", 1),
             ("rwlock", 2),
             ("election", 1),
+            ("multi", 1),
         ] {
             let labels = [("primitive", kind)];
             assert_eq!(

@@ -2,7 +2,8 @@
 //! them. Each is recorded in one place that every kind of lock goes through:
 //!
 //! - acquire calls, in [`LockBase::acquire`](super::guard::LockBase::acquire) — and
-//!   in the plain mutex's and Redlock's own acquire calls, which do more than it;
+//!   in the acquire calls of the plain mutex, Redlock and the multi-lock, which do
+//!   more than it;
 //! - hold times and lost leases, where a lease ends (`LeaseState`), whoever ends it;
 //! - renewal round trips and failures, in the renewal task;
 //! - hand-overs: by grant in the acquire loop, local ones in the plain mutex's
@@ -119,6 +120,8 @@ primitives! {
     Redlock => "redlock",
     /// [`Election`](crate::Election).
     Election => "election",
+    /// [`MultiLock`](crate::MultiLock): several names taken as one.
+    Multi => "multi",
 }
 
 impl Primitive {
@@ -240,7 +243,8 @@ pub(crate) fn request_retried(op: &'static str) {
 /// | `redlease_request_retries_total` | counter | `op` |
 ///
 /// - `primitive`: `mutex`, `fair_mutex`, `rwlock`, `semaphore`, `legacy`, `redlock`,
-///   `election`.
+///   `election`, `multi` (a [`MultiLock`](crate::MultiLock), counted once for all its
+///   names).
 /// - `outcome`: `acquired`, `contended` (a `try_` call found the lock taken),
 ///   `timeout`, `error`. A cancelled call is not counted. The wait is recorded for
 ///   acquired calls only.
