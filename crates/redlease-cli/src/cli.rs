@@ -74,13 +74,15 @@ pub struct Cli {
     #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL, action = ArgAction::Append)]
     pub redis: Vec<String>,
 
-    /// Key prefix: lock NAME lives at key <P><NAME> (may be empty: --prefix '')
-    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
+    /// Key prefix: lock NAME lives at key <P><NAME>. May be empty (--prefix ''); like a
+    /// NAME, at most 1024 bytes and no control characters
+    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX, value_parser = prefix, allow_hyphen_values = true)]
     pub prefix: String,
 
-    /// How long to wait for each Redis reply, at most 30 days (a request that times out
-    /// is retried for a few seconds before redlease gives up with status 69)
-    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout)]
+    /// How long to wait for each Redis reply, 1ms to 30 days (a request that times out is
+    /// retried for a few seconds before redlease gives up with status 69). There is no
+    /// "no timeout": 0 is refused; a long timeout such as 30days comes closest
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout, allow_hyphen_values = true)]
     pub response_timeout: Duration,
 
     #[command(flatten)]
@@ -158,7 +160,7 @@ pub struct TopologyArgs {
 
     /// How long --wait-replicas waits for the replicas: at least 1ms, at most half the
     /// --ttl and shorter than --response-timeout
-    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = replica_timeout, requires = "wait_replicas")]
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = replica_timeout, requires = "wait_replicas", allow_hyphen_values = true)]
     pub replica_timeout: Duration,
 }
 
@@ -238,13 +240,39 @@ pub enum Command {
     },
 }
 
+/// The NAME a command acts on: a positional argument, or `--name NAME` for a name that
+/// starts with `-` (which would otherwise be read as an option).
+#[derive(Debug, Clone, Args)]
+#[group(id = "lock_name", required = true, multiple = false)]
+pub struct NameArg {
+    /// The name; the key is <PREFIX><NAME>. At most 1024 bytes, no control characters,
+    /// no unbalanced '{' or '}'. A NAME that starts with '-' goes in --name
+    #[arg(value_name = "NAME", value_parser = name)]
+    positional: Option<String>,
+
+    /// The name, as an option: for a NAME that starts with '-' (--name -dash or
+    /// --name=-dash)
+    #[arg(long = "name", value_name = "NAME", value_parser = name, allow_hyphen_values = true)]
+    option: Option<String>,
+}
+
+impl NameArg {
+    /// The name, however it was given.
+    pub fn get(&self) -> &str {
+        self.positional
+            .as_deref()
+            .or(self.option.as_deref())
+            .unwrap_or_default()
+    }
+}
+
 /// How long to wait for a held lock.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct WaitArgs {
     /// Give up (exit status 75) if the lock is not acquired within DUR [default: wait as
     /// long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent
     /// (such as 1000000000000years) waits without limit, as if --wait were left out
-    #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait")]
+    #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait", allow_hyphen_values = true)]
     pub wait: Option<Duration>,
 
     /// Give up at once (exit status 75) if the lock is held
@@ -257,7 +285,7 @@ pub struct WaitArgs {
 pub struct ChildArgs {
     /// Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if
     /// redlease dies, the lock frees itself this long after the last renewal
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 
     #[command(flatten)]
@@ -269,7 +297,7 @@ pub struct ChildArgs {
 
     /// How long CMD may take to exit after --lost-signal before it gets SIGKILL (at most
     /// 30 days)
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = grace)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = grace, allow_hyphen_values = true)]
     pub grace: Duration,
 
     /// The command to run, and its arguments (after `--`)
@@ -279,9 +307,8 @@ pub struct ChildArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Take the lock in arrival order (a FIFO queue across all clients)
     #[arg(long, conflicts_with = "legacy")]
@@ -304,7 +331,7 @@ pub struct RunArgs {
 /// The unit of a legacy lock's timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LegacyUnit {
-    /// Unix seconds (as the seed articles write it)
+    /// Unix seconds (what `SETNX lock.foo <unix time + timeout + 1>` clients store)
     S,
     /// Unix milliseconds
     Ms,
@@ -325,9 +352,8 @@ pub enum SemaphoreCommand {
 
 #[derive(Debug, Args)]
 pub struct SemaphoreRunArgs {
-    /// The semaphore's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// How many permits the semaphore has; every user of NAME must pass the same number
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
@@ -343,9 +369,8 @@ pub struct SemaphoreRunArgs {
 
 #[derive(Debug, Args)]
 pub struct SemaphoreStatusArgs {
-    /// The semaphore's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The limit to report when no permit is held (while permits are held, the stored
     /// limit is shown)
@@ -372,9 +397,8 @@ pub enum RwlockCommand {
 
 #[derive(Debug, Args)]
 pub struct RwlockStatusArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, write_held, writer, ttl_ms, fence, last_fence,
     /// since_ms, readers, waiting_writers
@@ -385,9 +409,8 @@ pub struct RwlockStatusArgs {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("mode").required(true).args(["read", "write"])))]
 pub struct RwlockRunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Take a read (shared) share
     #[arg(long)]
@@ -403,13 +426,12 @@ pub struct RwlockRunArgs {
 
 #[derive(Debug, Args)]
 pub struct AcquireArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Lease length, 10ms to 30 days: the lock frees itself this long after it was
     /// taken (or extended)
-    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 
     #[command(flatten)]
@@ -422,9 +444,8 @@ pub struct AcquireArgs {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The token `acquire` printed
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
@@ -433,9 +454,8 @@ pub struct ReleaseArgs {
 
 #[derive(Debug, Args)]
 pub struct ExtendArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The token `acquire` printed
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
@@ -443,15 +463,14 @@ pub struct ExtendArgs {
 
     /// The lease lasts at least this long from now (10ms to 30 days); it is never
     /// shortened
-    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 }
 
 #[derive(Debug, Args)]
 pub struct ElectArgs {
-    /// The election's name (the leader's key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The value this candidate publishes while it leads, such as its address (shown by
     /// `redlease leader NAME`; at most 64 KiB) [default: empty]
@@ -464,9 +483,8 @@ pub struct ElectArgs {
 
 #[derive(Debug, Args)]
 pub struct LeaderArgs {
-    /// The election's name (the leader's key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, leader (whether someone leads), value, term,
     /// owner, ttl_ms, since_ms. With --watch, one per line, with event (elected,
@@ -482,9 +500,8 @@ pub struct LeaderArgs {
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, held, owner, ttl_ms, fence, last_fence,
     /// since_ms, waiters (with --fair: waiters is the queue length, and queue lists the
@@ -505,12 +522,15 @@ pub struct DemoArgs {
     pub workers: u16,
 
     /// How long the workers run (at most 30 days)
-    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = demo_duration)]
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = demo_duration, allow_hyphen_values = true)]
     pub duration: Duration,
 }
 
 /// The longest `--grace`, `--duration` and `--response-timeout`: the longest lease.
 pub const LONGEST: Duration = redlease::MAX_TTL;
+
+/// The shortest `--response-timeout`.
+pub const SHORTEST_RESPONSE_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// The shortest `--replica-timeout` (Redis's `WAIT 0` would block forever).
 pub const SHORTEST_REPLICA_TIMEOUT: Duration = Duration::from_millis(1);
@@ -524,8 +544,21 @@ fn explain(e: &humantime::DurationError) -> String {
     format!("{e} (write durations like 500ms, 30s, 2m or 1h30m)")
 }
 
+/// Refuses what starts with `-`: a negative duration, or an option taken for the value
+/// (duration options accept values that start with `-` so that they can say so).
+fn not_negative(s: &str) -> Result<(), String> {
+    match s.trim_start().strip_prefix('-') {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
+            Err("durations cannot be negative".into())
+        }
+        Some(_) => Err("expected a duration such as 30s, not an option (give this option a value)".into()),
+        None => Ok(()),
+    }
+}
+
 /// A duration between `min` and `max`; anything else is refused with the range.
 fn bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    not_negative(s)?;
     let range = format!("the allowed range is {} to {}", show(min), show(max));
     let d = match humantime::parse_duration(s.trim()) {
         Err(humantime::DurationError::NumberOverflow) if too_long(s) => {
@@ -583,6 +616,7 @@ fn ttl(s: &str) -> Result<Duration, String> {
 /// `--wait`: a human duration; one too long to represent is `Duration::MAX`, which
 /// waits without limit (see [`WaitArgs::how`]).
 fn wait_limit(s: &str) -> Result<Duration, String> {
+    not_negative(s)?;
     match humantime::parse_duration(s.trim()) {
         Err(humantime::DurationError::NumberOverflow) if too_long(s) => Ok(Duration::MAX),
         parsed => parsed.map_err(|e| explain(&e)),
@@ -597,8 +631,9 @@ fn demo_duration(s: &str) -> Result<Duration, String> {
     bounded(s, Duration::ZERO, LONGEST)
 }
 
+/// `--response-timeout`: at least 1ms — a zero timeout would fail every request.
 fn response_timeout(s: &str) -> Result<Duration, String> {
-    bounded(s, Duration::ZERO, LONGEST)
+    bounded(s, SHORTEST_RESPONSE_TIMEOUT, LONGEST)
 }
 
 /// `--replica-timeout`: at most half the longest lease (the library also checks it
@@ -613,14 +648,25 @@ fn name(s: &str) -> Result<String, String> {
     if s.is_empty() {
         return Err("the lock name must not be empty".into());
     }
+    key_part(s, "the lock name")
+}
+
+/// `--prefix`: the rules of a name, except that it may be empty.
+fn prefix(s: &str) -> Result<String, String> {
+    key_part(s, "the prefix")
+}
+
+/// What names and the prefix share: at most `MAX_NAME_LEN` bytes, no control characters.
+fn key_part(s: &str, what: &str) -> Result<String, String> {
     if s.len() > redlease::MAX_NAME_LEN {
         return Err(format!(
-            "the lock name is longer than {} bytes",
+            "{what} is {} bytes long; at most {} are allowed",
+            s.len(),
             redlease::MAX_NAME_LEN
         ));
     }
     if s.chars().any(char::is_control) {
-        return Err("the lock name contains control characters".into());
+        return Err(format!("{what} contains control characters"));
     }
     Ok(s.to_owned())
 }

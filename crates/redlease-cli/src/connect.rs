@@ -9,6 +9,7 @@ use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{self, Cli, Command, TopologyArgs};
 use crate::exit::{self, Failure};
+use crate::output;
 
 /// What every subcommand that talks to Redis needs.
 #[derive(Clone)]
@@ -30,9 +31,11 @@ pub struct Global {
 /// status 2 on a usage error (clap's).
 pub fn parse() -> (Command, Global) {
     // Parse by hand to learn whether --redis was given.
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| shown_safely(e).exit());
     let url_given = !matches!(matches.value_source("redis"), Some(ValueSource::DefaultValue));
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| shown_safely(e).exit());
     let url = cli
         .redis
         .first()
@@ -53,6 +56,38 @@ pub fn parse() -> (Command, Global) {
         topology: cli.topology,
     };
     (cli.command, global)
+}
+
+/// A usage error whose quoted arguments — a rejected value, an unknown option — are
+/// escaped and shortened (see [`output::shown`]): what was typed is echoed, but a
+/// control character in it cannot rewrite the terminal, and a 10 KB value does not
+/// fill it.
+pub fn shown_safely(mut e: clap::Error) -> clap::Error {
+    use clap::error::ContextValue;
+    let quoted: Vec<_> = e
+        .context()
+        .filter_map(|(kind, value)| match value {
+            ContextValue::String(s) => Some((kind, ContextValue::String(output::shown(s)))),
+            ContextValue::Strings(v) => Some((
+                kind,
+                ContextValue::Strings(v.iter().map(|s| output::shown(s)).collect()),
+            )),
+            // Tips such as "to pass '--x' as a value, use '-- --x'" quote the input too.
+            ContextValue::StyledStrs(v) => Some((
+                kind,
+                ContextValue::StyledStrs(
+                    v.iter()
+                        .map(|s| output::shown_long(&s.to_string()).into())
+                        .collect(),
+                ),
+            )),
+            _ => None,
+        })
+        .collect();
+    for (kind, value) in quoted {
+        e.insert(kind, value);
+    }
+    e
 }
 
 /// Refuses combinations of options and subcommands that cannot work, before anything

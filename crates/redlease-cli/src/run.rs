@@ -30,7 +30,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     // Catch signals before anything is taken, so none can kill redlease mid-way.
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let (c, name) = (&args.child, args.name.as_str());
+    let (c, name) = (&args.child, args.name.get());
     let taker = Taker {
         name,
         taking: Taking::Lock,
@@ -95,11 +95,11 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let sem = client
-        .semaphore_with(&args.name, args.permits, LeaseOptions::new().ttl(c.ttl))
+        .semaphore_with(args.name.get(), args.permits, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let n = args.count;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -123,10 +123,10 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let lock = client
-        .rwlock_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .rwlock_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -156,10 +156,10 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<ExitCode, Failure
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let election = client
-        .election_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .election_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Leadership,
         wait: &c.wait,
         signals: &mut signals,

@@ -78,6 +78,174 @@ fn usage_errors_exit_2_name_the_fix_and_leave_nothing() {
     assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing left behind");
 }
 
+/// A rejected value is echoed, but escaped and shortened: a name refused for its control
+/// characters does not rewrite the terminal, and a 10 KB name does not fill it. Nothing
+/// is written.
+#[test]
+fn rejected_values_are_echoed_escaped_and_shortened() {
+    let server = server();
+    let long = "n".repeat(10 * 1024);
+    let long_prefix = format!("{long}:");
+    let cases: &[(&[&str], &str)] = &[
+        (&["status", "\x1b[31mred\r"], r"'\u{1b}[31mred\r'"),
+        (&["run", "a\nb", "--", "true"], r"'a\nb'"),
+        (&["acquire", &long, "--ttl", "5s"], "…(10240 bytes)"),
+        (&["status", "--name", "-\x07bell"], r"'-\u{7}bell'"),
+        (&["--prefix", "p\r:", "status", "x"], r"'p\r:'"),
+        (&["--prefix", &long_prefix, "status", "x"], "…(10241 bytes)"),
+        (&["status", "x", "--\x1b[2Jbogus"], r"'--\u{1b}[2Jbogus'"),
+        (
+            &["run", "x", "--wait", "\x1b[31m5s", "--", "true"],
+            r"'\u{1b}[31m5s'",
+        ),
+        (&["\x1b]0;title\x07"], r"'\u{1b}]0;title\u{7}'"),
+    ];
+    for (args, shown) in cases {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(shown),
+            "{args:?} should show {shown:?}: {out:?}"
+        );
+        assert!(
+            !out.stderr.contains(['\x1b', '\r', '\x07']),
+            "a control character reached the terminal: {out:?}"
+        );
+        assert!(
+            out.stderr.len() < 1200,
+            "{args:?}: {} bytes of error",
+            out.stderr.len()
+        );
+        assert!(!out.stderr.contains("panicked"), "{out:?}");
+    }
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing written");
+}
+
+/// Every command that takes a NAME also takes it as `--name NAME`, so a name that starts
+/// with `-` can be locked, run under, inspected, extended and released.
+#[test]
+fn a_name_starting_with_a_dash_is_addressable_by_every_command() {
+    let server = server();
+    let mut redis = conn(&server);
+    let acquired = json(&output(at(
+        &server,
+        &["acquire", "--name", "-dash", "--ttl", "30s", "--json"],
+    )));
+    assert_eq!(acquired["name"], "-dash");
+    assert_eq!(acquired["key"], "redlease:-dash");
+    let token = acquired["token"].as_str().unwrap().to_owned();
+    assert!(redis.exists::<_, bool>("redlease:-dash").unwrap());
+    let status = json(&output(at(&server, &["status", "--name=-dash", "--json"])));
+    assert_eq!(
+        (status["name"].as_str(), status["held"].as_bool()),
+        (Some("-dash"), Some(true))
+    );
+    let out = output(at(
+        &server,
+        &["extend", "--name", "-dash", "--token", &token, "--ttl", "1m"],
+    ));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(redis.pttl::<_, i64>("redlease:-dash").unwrap() > 30_000);
+    let out = output(at(&server, &["release", "--name", "-dash", "--token", &token]));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!redis.exists::<_, bool>("redlease:-dash").unwrap());
+
+    let env = "echo $REDLEASE_NAME $REDLEASE_KEY";
+    for args in [
+        &["run", "--name", "-dash", "--", "sh", "-c", env][..],
+        &["run", "--name", "-dash", "--fair", "--", "sh", "-c", env],
+        &[
+            "semaphore",
+            "run",
+            "--name",
+            "-dash",
+            "--permits",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            env,
+        ],
+        &[
+            "rwlock", "run", "--name", "-dash", "--write", "--", "sh", "-c", env,
+        ],
+        &["elect", "--name", "-dash", "--", "sh", "-c", env],
+    ] {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        assert_eq!(out.stdout.trim(), "-dash redlease:-dash", "{args:?}");
+    }
+    for (args, field) in [
+        (&["rwlock", "status", "--name", "-dash", "--json"][..], "name"),
+        (&["semaphore", "status", "--name", "-dash", "--json"], "name"),
+        (&["leader", "--name", "-dash", "--json"], "name"),
+        (&["status", "--fair", "--name", "-dash", "--json"], "name"),
+    ] {
+        let out = json(&output(at(&server, args)));
+        assert_eq!(out[field], "-dash", "{args:?}: {out}");
+    }
+    // The name once, not both ways; and a positional name still works.
+    let out = output(at(&server, &["status", "x", "--name", "y"]));
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--name"), "{out:?}");
+    assert_eq!(
+        json(&output(at(&server, &["status", "x", "--json"])))["name"],
+        "x"
+    );
+}
+
+/// Negative durations, for every flag that takes one, are refused as negative (not as
+/// an unknown option `-1`); 0 is not a reply timeout.
+#[test]
+fn negative_durations_and_a_zero_response_timeout_are_refused_clearly() {
+    let server = server();
+    let cases: &[&[&str]] = &[
+        &["run", "x", "--wait", "-1s", "--", "true"],
+        &["run", "x", "--ttl", "-30s", "--", "true"],
+        &["run", "x", "--grace", "-1s", "--", "true"],
+        &["acquire", "x", "--ttl", "-5s"],
+        &["extend", "x", "--token", "t", "--ttl", "-5s"],
+        &["demo", "--duration", "-2s"],
+        &["--response-timeout", "-1s", "status", "x"],
+        &["--wait-replicas", "1", "--replica-timeout", "-.5s", "status", "x"],
+    ];
+    for args in cases {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        // The flag whose value is negative.
+        let negative = args.iter().position(|a| {
+            a.starts_with("-.")
+                || a.starts_with("-1")
+                || a.starts_with("-3")
+                || a.starts_with("-5")
+                || a.starts_with("-2")
+        });
+        let flag = args[negative.expect("a negative value") - 1];
+        assert!(
+            out.stderr.contains("durations cannot be negative")
+                && out.stderr.contains(&format!("'{flag} <DUR>'")),
+            "{args:?}: {out:?}"
+        );
+        assert!(!out.stderr.contains("unexpected argument"), "{out:?}");
+    }
+    let out = output(at(&server, &["--response-timeout", "0", "status", "x"]));
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("--response-timeout") && out.stderr.contains("at least 1ms"),
+        "{out:?}"
+    );
+    let help = output({
+        let mut c = redlease();
+        c.arg("--help");
+        c
+    });
+    assert!(
+        help.stdout.contains("0 is refused"),
+        "--help documents it: {help:?}"
+    );
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing written");
+}
+
 /// A duration longer than an instant can hold (300000000000years) and one longer than a
 /// `Duration` can (584942417355years).
 const TOO_LONG: [&str; 2] = ["300000000000years", "584942417355years"];

@@ -404,7 +404,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Key prefix for every lock (default `redlease:`; may be empty).
+    /// Key prefix for every lock (default `redlease:`; may be empty). Like a name, at
+    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters:
+    /// [`build`](Self::build) refuses another with [`Error::Config`].
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -450,6 +452,7 @@ impl ClientBuilder {
         // rustls needs a process-wide crypto provider before any rediss:// connection.
         #[cfg(feature = "tls")]
         crate::transport::tls::install_crypto_provider();
+        keys::check_prefix(&self.prefix)?;
         if self.retention > keys::MAX_TTL {
             return Err(Error::Config {
                 reason: "metadata retention may be at most 30 days".into(),

@@ -12,7 +12,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 #[non_exhaustive]
 pub enum Error {
     /// `try_lock` found the lock held by someone else.
-    #[error("lock {name:?} is held by another owner")]
+    #[error("lock {} is held by another owner", Shown(.name))]
     Contended {
         /// The lock's name.
         name: String,
@@ -21,7 +21,7 @@ pub enum Error {
     },
 
     /// A waiting acquire reached its deadline without getting the lock.
-    #[error("gave up waiting for lock {name:?} after {waited:?}")]
+    #[error("gave up waiting for lock {} after {waited:?}", Shown(.name))]
     Timeout {
         /// The lock's name.
         name: String,
@@ -31,14 +31,14 @@ pub enum Error {
 
     /// A release or extend found that the token no longer holds the lock: the lease
     /// expired, was released, or was taken over. Nothing was changed.
-    #[error("lock {name:?} is not held by this owner (the lease expired, was released or was taken over)")]
+    #[error("lock {} is not held by this owner (the lease expired, was released or was taken over)", Shown(.name))]
     NotHeld {
         /// The lock's name.
         name: String,
     },
 
     /// The lock name (with the prefix) cannot be used as a Redis key.
-    #[error("invalid lock name {name:?}: {reason}")]
+    #[error("invalid lock name {}: {reason}", Shown(.name))]
     InvalidName {
         /// The rejected name.
         name: String,
@@ -47,7 +47,7 @@ pub enum Error {
     },
 
     /// A lease length is zero, too short to be useful, or absurdly long.
-    #[error("invalid ttl {ttl:?} for lock {name:?}: {reason}")]
+    #[error("invalid ttl {ttl:?} for lock {}: {reason}", Shown(.name))]
     InvalidTtl {
         /// The lock's name.
         name: String,
@@ -58,7 +58,7 @@ pub enum Error {
     },
 
     /// Some other argument is out of range.
-    #[error("invalid {what} for lock {name:?}: {reason}")]
+    #[error("invalid {what} for lock {}: {reason}", Shown(.name))]
     InvalidArgument {
         /// The lock's name.
         name: String,
@@ -70,7 +70,7 @@ pub enum Error {
 
     /// Permits of the semaphore are held under a different limit than this handle's.
     /// Nothing was changed. The limit can change only while no permit is held.
-    #[error("semaphore {name:?} is in use with a limit of {existing} permits, not {limit}")]
+    #[error("semaphore {} is in use with a limit of {existing} permits, not {limit}", Shown(.name))]
     LimitMismatch {
         /// The semaphore's name.
         name: String,
@@ -81,7 +81,7 @@ pub enum Error {
     },
 
     /// A key of the lock holds a value of another type: something else uses that key.
-    #[error("key {key:?} of lock {name:?} holds a value of the wrong type; is another program using it?")]
+    #[error("key {} of lock {} holds a value of the wrong type; is another program using it?", Shown(.key), Shown(.name))]
     WrongType {
         /// The lock's name.
         name: String,
@@ -93,7 +93,7 @@ pub enum Error {
     /// acknowledged an acquire or extend in time, and the policy said to release: the
     /// lock was released (or will expire) and must not be relied on.
     #[error(
-        "lock {name:?} was acknowledged by {acked} of the {wanted} replicas required in time; it was released"
+        "lock {} was acknowledged by {acked} of the {wanted} replicas required in time; it was released", Shown(.name)
     )]
     NotReplicated {
         /// The lock's name.
@@ -105,14 +105,14 @@ pub enum Error {
     },
 
     /// The server refused a write because it is a read-only replica.
-    #[error("redis refused to write lock {name:?}: the server is a read-only replica")]
+    #[error("redis refused to write lock {}: the server is a read-only replica", Shown(.name))]
     ReadOnly {
         /// The lock's name.
         name: String,
     },
 
     /// Any other failure talking to Redis: unreachable, timed out, refused, or an error reply.
-    #[error("redis failed during {op} of lock {name:?}: {source}")]
+    #[error("redis failed during {op} of lock {}: {source}", Shown(.name))]
     Redis {
         /// The lock's name.
         name: String,
@@ -176,7 +176,7 @@ pub enum Error {
     /// acquire nothing is held (whatever was taken was released again); after an
     /// extend the lease is unchanged.
     #[error(
-        "lock {name:?} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}",
+        "lock {} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}", Shown(.name),
         source.as_ref().map(|e| format!(" (first failure: {e})")).unwrap_or_default()
     )]
     NoQuorum {
@@ -327,5 +327,66 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
         )
 }
 
+/// How a name or key appears in a message: quoted, control characters escaped (a name
+/// with `\r` or an ANSI escape must not rewrite the reader's terminal), and cut after
+/// [`SHOWN_CHARS`] characters with its length in bytes (`"xxx…"(10240 bytes)`), so a
+/// rejected 10 KB name does not fill the screen.
+pub(crate) struct Shown<'a>(pub &'a str);
+
+/// How many characters of a name a message shows.
+pub(crate) const SHOWN_CHARS: usize = 64;
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        f.write_char('"')?;
+        for (i, c) in self.0.chars().enumerate() {
+            if i == SHOWN_CHARS {
+                return write!(f, "…\"({} bytes)", self.0.len());
+            }
+            match c {
+                '"' | '\\' => write!(f, "\\{c}")?,
+                c if needs_escape(c) => write!(f, "{}", c.escape_default())?,
+                c => f.write_char(c)?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
+/// Characters a message never shows as they are: control characters, and the
+/// bidirectional overrides that reorder what a terminal displays.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_in_messages_are_escaped_and_shortened() {
+        assert_eq!(Shown("deploy").to_string(), r#""deploy""#);
+        assert_eq!(Shown("ü-ñ-名前").to_string(), r#""ü-ñ-名前""#);
+        assert_eq!(Shown("a\rb\x1b[31mc\n").to_string(), r#""a\rb\u{1b}[31mc\n""#);
+        assert_eq!(Shown("q\"b\\").to_string(), r#""q\"b\\""#);
+        let long = "x".repeat(10 * 1024);
+        let shown = Shown(&long).to_string();
+        assert_eq!(shown, format!("\"{}…\"(10240 bytes)", "x".repeat(64)));
+        assert_eq!(
+            Shown(&"y".repeat(64)).to_string().len(),
+            66,
+            "64 characters are shown whole"
+        );
+        let err = Error::InvalidName {
+            name: format!("\x1b[31m{long}"),
+            reason: "the name contains control characters",
+        };
+        let text = err.to_string();
+        assert!(!text.contains('\x1b') && text.len() < 200, "{text}");
+        assert!(text.contains("(10245 bytes)"), "{text}");
+    }
+}

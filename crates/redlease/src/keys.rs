@@ -40,9 +40,7 @@ impl LockKeys {
         if name.len() > MAX_NAME_LEN {
             return Err(invalid("the name is longer than 1024 bytes"));
         }
-        if name.bytes().any(|b| b < 0x20 || b == 0x7f)
-            || (!name.is_ascii() && name.chars().any(char::is_control))
-        {
+        if has_control(name) {
             return Err(invalid("the name contains control characters"));
         }
         let mut key = String::with_capacity(prefix.len() + name.len());
@@ -73,6 +71,26 @@ impl LockKeys {
         aux.push_str(suffix);
         aux
     }
+}
+
+/// Whether `s` has a control character (the ASCII ones, DEL, and Unicode's).
+fn has_control(s: &str) -> bool {
+    s.bytes().any(|b| b < 0x20 || b == 0x7f) || (!s.is_ascii() && s.chars().any(char::is_control))
+}
+
+/// Checks a key prefix: the rules of a name, except that it may be empty.
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    let reason = if prefix.len() > MAX_NAME_LEN {
+        "is longer than 1024 bytes"
+    } else if has_control(prefix) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config {
+        reason: format!("the key prefix {} {reason}", crate::error::Shown(prefix)),
+        source: None,
+    })
 }
 
 /// The hash tag Redis Cluster would use for `key`, if any.
@@ -148,6 +166,19 @@ mod tests {
         let long = "x".repeat(MAX_NAME_LEN + 1);
         assert!(LockKeys::new("", &long).is_err());
         assert!(LockKeys::new("", &"x".repeat(MAX_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn prefixes_follow_the_rules_of_names_but_may_be_empty() {
+        assert!(check_prefix("").is_ok());
+        assert!(check_prefix("redlease:").is_ok());
+        assert!(check_prefix(&"p".repeat(MAX_NAME_LEN)).is_ok());
+        let err = check_prefix("a\rb").unwrap_err().to_string();
+        assert!(err.contains(r#""a\rb" contains control characters"#), "{err}");
+        let err = check_prefix(&"p".repeat(MAX_NAME_LEN + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("longer than 1024 bytes") && err.len() < 200, "{err}");
     }
 
     #[test]
