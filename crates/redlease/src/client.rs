@@ -481,13 +481,11 @@ impl ClientBuilder {
                             .set_number_of_retries(1);
                         let manager = redis::aio::ConnectionManager::new_with_config(redis.clone(), config)
                             .await
-                            .map_err(|e| Error::Config {
-                                reason: format!(
-                                    "cannot connect to redis at {}{}",
-                                    redis.get_connection_info().addr(),
-                                    tls_hint(&redis, &e)
-                                ),
-                                source: Some(e),
+                            .map_err(|e| {
+                                let addr = redis.get_connection_info().addr().to_string();
+                                let reason =
+                                    format!("cannot connect to redis at {addr}{}", tls_hint(&redis, &e));
+                                cannot_connect(addr, reason, e)
                             })?;
                         Arc::new(manager)
                     }
@@ -505,9 +503,10 @@ impl ClientBuilder {
                 )
             }
             Source::Cluster(nodes) => {
-                let unreachable = |e| Error::Config {
-                    reason: format!("cannot connect to the redis cluster at {}", addrs(&nodes)),
-                    source: Some(e),
+                let unreachable = |e| {
+                    let addr = addrs(&nodes);
+                    let reason = format!("cannot connect to the redis cluster at {addr}");
+                    cannot_connect(addr, reason, e)
                 };
                 let (conn, batching): (Arc<dyn CommandConnection>, Batching) = match self.conn {
                     // A caller's connection routes by slot only: batch per slot.
@@ -546,9 +545,9 @@ impl ClientBuilder {
                         reason: "invalid sentinel settings".into(),
                         source: Some(e),
                     })?;
-                sentinel.connect().await.map_err(|e| Error::Config {
-                    reason: format!("cannot reach master {master:?} through the sentinels at {via}"),
-                    source: Some(e),
+                sentinel.connect().await.map_err(|e| {
+                    let reason = format!("cannot reach master {master:?} through the sentinels at {via}");
+                    cannot_connect(via.clone(), reason, e)
                 })?;
                 let conn: Arc<dyn CommandConnection> = match self.conn {
                     Some(conn) => conn,
@@ -582,6 +581,24 @@ impl ClientBuilder {
             topology,
         });
         Ok(Client { ctx })
+    }
+}
+
+/// The error of a connection that failed: [`Error::Certificate`] when a certificate was
+/// refused (the server is up; its certificate or ours is wrong), else [`Error::Config`].
+fn cannot_connect(addr: String, reason: String, source: redis::RedisError) -> Error {
+    #[cfg(feature = "tls")]
+    if let Some(problem) = crate::transport::tls::certificate_problem(&source) {
+        return Error::Certificate {
+            addr,
+            problem,
+            source,
+        };
+    }
+    let _ = addr;
+    Error::Config {
+        reason,
+        source: Some(source),
     }
 }
 

@@ -194,6 +194,19 @@ pub enum Error {
         source: Option<RedisError>,
     },
 
+    /// A TLS connection failed over a certificate — the server's or the client's — not
+    /// because the server is down: fix the certificate, not the address.
+    #[error("cannot set up redlease: TLS with redis at {addr} failed: {problem}")]
+    Certificate {
+        /// The server's address.
+        addr: String,
+        /// What is wrong.
+        problem: CertificateProblem,
+        /// What the TLS library reported.
+        #[source]
+        source: RedisError,
+    },
+
     /// The client could not be set up.
     #[error("cannot set up redlease: {reason}")]
     Config {
@@ -205,7 +218,73 @@ pub enum Error {
     },
 }
 
+/// What is wrong with a certificate (see [`Error::Certificate`]).
+///
+/// A certificate that works is an X.509 **v3** certificate — `openssl x509 -req`
+/// makes v1 certificates unless given extensions with `-extfile` — naming the server
+/// in its `subjectAltName`, signed by the CA the client trusts. See
+/// [`TlsOptions`](crate::TlsOptions) for commands that make one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CertificateProblem {
+    /// The client certificate is an X.509 v1 certificate (made without extensions);
+    /// only v3 certificates are accepted.
+    ClientCertificateNotV3,
+    /// The client certificate or key could not be used (not matching, not a supported
+    /// key type, not a certificate).
+    ClientCertificateUnusable,
+    /// The server's certificate is an X.509 v1 certificate; only v3 certificates are
+    /// accepted.
+    ServerCertificateNotV3,
+    /// The server's certificate is not signed by a CA the client trusts.
+    UnknownIssuer,
+    /// The server's certificate does not name the host or address connected to.
+    WrongName,
+    /// The server's certificate has expired or is not valid yet.
+    Expired,
+    /// The server refused the client's certificate, or requires one
+    /// (`tls-auth-clients yes`) and none was given.
+    ClientCertificateRefused,
+    /// Another certificate failure; the error's source says which.
+    Other,
+}
+
+impl std::fmt::Display for CertificateProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CertificateProblem::ClientCertificateNotV3 => {
+                "the client certificate is an X.509 v1 certificate; only v3 certificates are accepted \
+                 (sign it with v3 extensions: openssl x509 -req ... -extfile v3.ext)"
+            }
+            CertificateProblem::ClientCertificateUnusable => {
+                "the client certificate or its key cannot be used (do they belong together, and is the key \
+                 an RSA, ECDSA or Ed25519 key in PEM?)"
+            }
+            CertificateProblem::ServerCertificateNotV3 => {
+                "the server's certificate is an X.509 v1 certificate; only v3 certificates are accepted \
+                 (sign it with v3 extensions, including subjectAltName: openssl x509 -req ... -extfile v3.ext)"
+            }
+            CertificateProblem::UnknownIssuer => {
+                "the server's certificate is not signed by a CA this client trusts (give the CA certificate that signed it)"
+            }
+            CertificateProblem::WrongName => {
+                "the server's certificate does not name the host or address connected to (its subjectAltName must)"
+            }
+            CertificateProblem::Expired => "the server's certificate has expired or is not valid yet",
+            CertificateProblem::ClientCertificateRefused => {
+                "the server refused the client certificate, or requires one and none was given"
+            }
+            CertificateProblem::Other => "a certificate was refused",
+        })
+    }
+}
+
 impl Error {
+    /// A TLS certificate was refused (see [`Error::Certificate`]).
+    pub fn is_certificate_problem(&self) -> bool {
+        matches!(self, Error::Certificate { .. })
+    }
+
     /// The lock was held by someone else (`try_lock`).
     pub fn is_contended(&self) -> bool {
         matches!(self, Error::Contended { .. })
@@ -268,6 +347,7 @@ impl Error {
             | Error::Redis { name, .. }
             | Error::NoQuorum { name, .. } => Some(name),
             Error::Config { .. }
+            | Error::Certificate { .. }
             | Error::TooMuchContention { .. }
             | Error::TransactionRejected { .. }
             | Error::TransactionPartlyFailed { .. } => None,

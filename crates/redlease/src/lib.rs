@@ -129,7 +129,7 @@ mod token;
 
 pub use acl::acl_rules;
 pub use client::{Client, ClientBuilder, ClientStats};
-pub use error::{Error, Result};
+pub use error::{CertificateProblem, Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, DEFAULT_TTL,
