@@ -69,7 +69,7 @@ unreachable; 126/127 if CMD could not be run; 2 for usage errors.";
 #[command(name = "redlease", version, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// for TLS,
-    /// redis+unix:///PATH for a socket. Give it several times with --cluster (seed nodes)
+    /// redis+unix:///PATH for a socket. Give it several times with --cluster (nodes of the cluster)
     /// or --redlock (independent masters)
     #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL, action = ArgAction::Append)]
     pub redis: Vec<String>,
@@ -95,7 +95,7 @@ pub struct Cli {
 /// Where the locks live, beyond one plain Redis.
 #[derive(Debug, Clone, Default, Args)]
 pub struct TopologyArgs {
-    /// The --redis URLs are seed nodes of a Redis Cluster
+    /// The --redis URLs are nodes of a Redis Cluster (any of them; the rest are discovered)
     #[arg(long, global = true, help_heading = "Topology and security", conflicts_with_all = ["redlock", "sentinel"])]
     pub cluster: bool,
 

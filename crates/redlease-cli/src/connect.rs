@@ -14,7 +14,7 @@ use crate::output;
 /// What every subcommand that talks to Redis needs.
 #[derive(Clone)]
 pub struct Global {
-    /// Every `--redis` URL (seed nodes with --cluster, masters with --redlock).
+    /// Every `--redis` URL (cluster nodes with --cluster, masters with --redlock).
     pub urls: Vec<String>,
     /// The first of them: the one server of a plain set-up.
     pub url: String,
@@ -97,7 +97,7 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
     let usage = |message: String| Err(Failure::new(exit::USAGE, message));
     if global.urls.len() > 1 && !t.cluster && !t.redlock {
         return usage(format!(
-            "--redis was given {} times; several URLs need --cluster (seed nodes) or --redlock (independent masters)",
+            "--redis was given {} times; several URLs need --cluster (cluster nodes) or --redlock (independent masters)",
             global.urls.len()
         ));
     }

@@ -1089,3 +1089,81 @@ fn completions_help_and_version() {
     });
     assert!(version.stdout.starts_with("redlease "), "{version:?}");
 }
+
+/// User-facing text — the README, docs/, rustdoc and every --help — names failures and
+/// patterns in its own words: it never refers readers to "seed" articles they have
+/// never seen. (The torture run's `--seed`, the seed of its random fault schedule, is
+/// what the word means there.)
+#[test]
+fn user_facing_text_never_speaks_of_seeds() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut texts: Vec<(String, String)> = Vec::new();
+    let mut add_file = |path: std::path::PathBuf, rustdoc_only: bool| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = if rustdoc_only {
+            text.lines()
+                .filter(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("///") || l.starts_with("//!") || l.starts_with("#[doc")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else {
+            text
+        };
+        texts.push((path.display().to_string(), text));
+    };
+    add_file(root.join("README.md"), false);
+    for dir in ["docs", "crates/redlease/src", "crates/redlease-cli/src"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                match path.extension().and_then(|e| e.to_str()) {
+                    _ if path.is_dir() => stack.push(path),
+                    Some("md") => add_file(path, false),
+                    Some("rs") => add_file(path, true),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let mut helps = vec![vec!["--help"]];
+    for sub in [
+        "run",
+        "acquire",
+        "release",
+        "extend",
+        "status",
+        "elect",
+        "leader",
+        "demo",
+        "completions",
+    ] {
+        helps.push(vec![sub, "--help"]);
+    }
+    for (family, sub) in [
+        ("semaphore", "run"),
+        ("semaphore", "status"),
+        ("rwlock", "run"),
+        ("rwlock", "status"),
+    ] {
+        helps.push(vec![family, sub, "--help"]);
+    }
+    for args in helps {
+        let out = output({
+            let mut c = redlease();
+            c.args(&args);
+            c
+        });
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        texts.push((format!("redlease {}", args.join(" ")), out.stdout));
+    }
+    assert!(texts.len() > 40, "read only {} texts", texts.len());
+    for (what, text) in &texts {
+        for (i, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase().replace("--seed", "");
+            assert!(!lower.contains("seed"), "{what}, line {}: {line}", i + 1);
+        }
+    }
+}

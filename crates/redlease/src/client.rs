@@ -59,7 +59,7 @@ impl Client {
         Client::builder(redis).build().await
     }
 
-    /// Connects to a Redis Cluster through the given seed nodes (any subset of its
+    /// Connects to a Redis Cluster through the given nodes (any subset of its
     /// nodes; the rest are discovered), with the default settings.
     ///
     /// Commands go to the node owning each lock's slot; wake-ups use sharded pub/sub.
@@ -67,7 +67,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when a URL is invalid or no seed node can be reached.
+    /// [`Error::Config`] when a URL is invalid or none of the nodes can be reached.
     ///
     /// # Examples
     ///
@@ -86,8 +86,8 @@ impl Client {
         Client::cluster_builder(nodes)?.build().await
     }
 
-    /// Starts configuring a client for a Redis Cluster reached through `nodes` (seed
-    /// URLs such as `redis://host:port`; user name and password from the first).
+    /// Starts configuring a client for a Redis Cluster reached through `nodes` (the
+    /// URLs of any of its nodes, such as `redis://host:port`; user name and password from the first).
     ///
     /// The client opens two cluster connections: one for commands (unless
     /// [`connection`](ClientBuilder::connection) gives yours — it must then be a cluster
@@ -396,7 +396,7 @@ impl ClientBuilder {
     /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...;
     /// for a cluster client, a redis-rs cluster connection) instead of opening a
     /// connection. The wake-up connection is still opened by redlease — from the
-    /// `redis::Client`, the cluster's seed nodes or the sentinels — because pub/sub
+    /// `redis::Client`, the cluster nodes given or the sentinels — because pub/sub
     /// needs a connection of its own. With Sentinel, a connection given here does not
     /// follow a failover.
     pub fn connection(mut self, conn: impl CommandConnection) -> Self {

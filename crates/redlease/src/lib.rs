@@ -93,8 +93,8 @@
 //! # Topologies
 //!
 //! - **One Redis**: [`Client::connect`] / [`Client::builder`].
-//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with seed
-//!   URLs. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
+//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with the
+//!   URLs of some of its nodes. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
 //!   the wake-up channel share its hash slot, so each operation runs on the one node
 //!   that owns the lock. Releases publish with `SPUBLISH` and waiters `SSUBSCRIBE` on
 //!   that node only (no cluster-wide broadcast). `MOVED`/`ASK` are followed and a
