@@ -26,6 +26,17 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 /// Cheap to clone. Background tasks stop when the client and every lock and guard made
 /// from it are dropped.
 ///
+/// # Names
+///
+/// Every lock, semaphore and election lives at key `<prefix><name>`. A name is 1 to
+/// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
+/// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
+/// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or `}`
+/// in the key must form a complete hash tag that comes first: `{user42}.lock` and
+/// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+/// non-ASCII letters — is allowed. A refused name is [`Error::InvalidName`], whose
+/// message shows the name escaped and cut after 64 characters.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -171,23 +182,43 @@ impl Client {
         }))
     }
 
-    /// Starts configuring a client for `redis`, which is also used to open the
-    /// wake-up connection.
+    /// Starts configuring a client for `redis` (a [`redis::Client`], re-exported as
+    /// `redlease::redis::Client`), which is also used to open the wake-up connection.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redlease::redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let client = redlease::Client::builder(redis).prefix("billing:").build().await?;
+    /// # let _ = client;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(redis: redis::Client) -> ClientBuilder {
         ClientBuilder::new(Source::Standalone(redis))
     }
 
     /// A plain mutex at key `<prefix><name>` with default options (30 s lease, auto-renew).
     ///
+    /// # Names
+    ///
+    /// The lock lives at key `<prefix><name>`. A name is 1 to
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
+    /// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
+    /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or
+    /// `}` in the key must form a complete hash tag that comes first: `{user42}.lock` and
+    /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+    /// non-ASCII letters — is allowed.
+    ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for an empty or over-long name, or one whose key could not
-    /// keep its auxiliary keys in its cluster slot.
+    /// [`Error::InvalidName`] for a name that breaks these rules; its message shows the
+    /// name escaped and shortened.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A plain mutex with the given lease options.
+    /// A plain mutex with the given lease options. Names follow the [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -198,7 +229,8 @@ impl Client {
 
     /// A lock in the old `SETNX <unix time + timeout + 1>` format at key
     /// `<prefix><name>`, shared with unmodified old clients. An interop mode with
-    /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`].
+    /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`]. Names follow
+    /// the [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -214,12 +246,13 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
         self.fair_mutex_with(name, LeaseOptions::default())
     }
 
-    /// A fair mutex with the given lease options.
+    /// A fair mutex with the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -233,12 +266,13 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
         self.rwlock_with(name, LeaseOptions::default())
     }
 
-    /// A read-write lock with the given lease options (for readers and writers).
+    /// A read-write lock with the given lease options (for readers and writers). Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -252,13 +286,14 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`]; [`Error::InvalidArgument`] when `limit` is 0 or above
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names); [`Error::InvalidArgument`] when `limit` is 0 or above
     /// [`MAX_PERMITS`](crate::MAX_PERMITS).
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         self.semaphore_with(name, limit, LeaseOptions::default())
     }
 
-    /// A semaphore of `limit` permits with the given lease options.
+    /// A semaphore of `limit` permits with the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -272,18 +307,52 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn election(&self, name: &str) -> Result<Election> {
         self.election_with(name, LeaseOptions::default())
     }
 
-    /// A leader election whose leaderships have the given lease options.
+    /// A leader election whose leaderships have the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn election_with(&self, name: &str, options: LeaseOptions) -> Result<Election> {
         Election::new(self.ctx.clone(), name, options)
+    }
+
+    /// The connection this client sends its commands over, for the application's own
+    /// commands: a cheap handle that implements redis-rs's
+    /// [`ConnectionLike`](redis::aio::ConnectionLike), so [`redis::cmd`]`(..).query_async`,
+    /// [`redis::AsyncCommands`], pipelines and `MULTI`/`EXEC` pipelines
+    /// ([`redis::Pipeline::atomic`]) work on it. It is the connection redlease opened —
+    /// or the one given to [`ClientBuilder::connection`] — so it reconnects, follows a
+    /// Sentinel failover or routes by cluster slot as that one does.
+    ///
+    /// The connection is shared with every lock of the client: send no blocking
+    /// commands (`BLPOP`, `XREAD BLOCK`, `WAIT`), no `WATCH`, `SUBSCRIBE`, `SELECT` or
+    /// `CLIENT REPLY` over it — a renewal queued behind a blocked command may come too
+    /// late. Use [`optimistic`](crate::optimistic) or a connection of your own for those.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlease::redis::AsyncCommands;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redlease::Client::connect("redis://127.0.0.1:6379").await?;
+    /// let guard = client.mutex("invoice-run")?.lock().await?;
+    /// let mut conn = client.connection();
+    /// let last: Option<u64> = conn.get("invoices:last").await?;
+    /// let _: () = conn.set("invoices:last", last.unwrap_or(0) + 1).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connection(&self) -> SharedConnection {
+        SharedConnection {
+            conn: self.ctx.conn.clone(),
+        }
     }
 
     /// The key prefix.
@@ -306,6 +375,38 @@ impl Client {
             leases_renewed: c.renewed.load(Relaxed),
             leases_lost_by_renewal: c.lost.load(Relaxed),
         }
+    }
+}
+
+/// The command connection of a [`Client`], for the application's own commands (see
+/// [`Client::connection`]). Cheap to clone.
+#[derive(Clone)]
+pub struct SharedConnection {
+    conn: Arc<dyn CommandConnection>,
+}
+
+impl std::fmt::Debug for SharedConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedConnection")
+    }
+}
+
+impl redis::aio::ConnectionLike for SharedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        self.conn.send(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.conn.send_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.db()
     }
 }
 

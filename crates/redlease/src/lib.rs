@@ -119,6 +119,13 @@
 
 #![warn(missing_docs)]
 
+/// The redis-rs crate redlease is built on, re-exported: its types appear in redlease's
+/// API ([`Client::builder`] takes a [`redis::Client`], [`Error::Redis`] carries a
+/// [`redis::RedisError`], [`Client::connection`] is a [`redis::aio::ConnectionLike`]),
+/// and `redlease::redis` is always the version that fits. Depend on `redis` yourself
+/// only for features redlease does not enable, with a version compatible with this one.
+pub use redis;
+
 // The public face, and the vocabulary every layer shares.
 mod acl;
 mod client;
@@ -128,7 +135,7 @@ mod options;
 mod token;
 
 pub use acl::acl_rules;
-pub use client::{Client, ClientBuilder, ClientStats};
+pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
 pub use error::{CertificateProblem, Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use options::{

@@ -166,12 +166,12 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] as for [`Client::mutex`](crate::Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](crate::Client#names).
     pub fn mutex(&self, name: &str) -> Result<RedlockMutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A quorum mutex with the given lease options.
+    /// A quorum mutex with the given lease options. Names follow the [name rules](crate::Client#names).
     ///
     /// # Errors
     ///
