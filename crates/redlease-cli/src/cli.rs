@@ -238,6 +238,16 @@ pub enum Command {
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
+
+    /// Print the man page (roff), or write one page per command into a directory
+    ///
+    /// For example: redlease man > ~/.local/share/man/man1/redlease.1, or
+    /// redlease man --dir ~/.local/share/man/man1 for redlease.1, redlease-run.1, ...
+    Man {
+        /// Write redlease.1 and a page for every subcommand (redlease-run.1, ...) here
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// The NAME a command acts on: a positional argument, or `--name NAME` for a name that

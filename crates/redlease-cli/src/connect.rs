@@ -141,7 +141,7 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
     if t.redlock {
         match command {
             Command::Run(run) if !run.fair && !run.legacy => {}
-            Command::Completions { .. } => {}
+            Command::Completions { .. } | Command::Man { .. } => {}
             _ => {
                 return usage(
                     "with --redlock only `run` (without --fair or --legacy) is available: the other commands act on one server's keys".into(),

@@ -95,6 +95,26 @@ pub fn completions(shell: clap_complete::Shell) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `redlease man [--dir DIR]`: the man page on stdout, or every command's page in `dir`.
+pub fn man(dir: Option<&std::path::Path>) -> Result<ExitCode, Failure> {
+    let failed = |e: std::io::Error| Failure::caused(crate::exit::FAILED, e);
+    let cmd = crate::cli::Cli::command();
+    match dir {
+        Some(dir) => {
+            clap_mangen::generate_to(cmd, dir).map_err(|e| {
+                Failure::caused(crate::exit::FAILED, e)
+                    .hint(format!("--dir {} must be a writable directory", dir.display()))
+            })?;
+        }
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut page).map_err(failed)?;
+            emit(&String::from_utf8_lossy(&page)).map_err(failed)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1036,10 +1036,31 @@ fn demo_without_redis_starts_and_stops_a_throwaway_server() {
         std::net::TcpStream::connect(addr).is_err(),
         "the throwaway server at {addr} was stopped"
     );
+    let port = addr.rsplit(':').next().unwrap();
+    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("redlease-demo-"))
+        .filter(|e| std::fs::read_to_string(e.path().join("redis.log")).is_ok_and(|log| log.contains(port)))
+        .collect();
+    assert!(dirs.is_empty(), "the server's directory was removed: {dirs:?}");
+
+    // Without redis-server the demo says how to install it, or to pass --redis.
+    let out = output({
+        let mut c = redlease();
+        c.args(["demo", "--duration", "1s"])
+            .env("REDIS_SERVER_BIN", "/nonexistent/redis-server");
+        c
+    });
+    assert_eq!(out.code, 69, "{out:?}");
+    assert!(
+        out.stderr.contains("apt-get install -y redis-server") && out.stderr.contains("--redis"),
+        "{out:?}"
+    );
 }
 
 #[test]
-fn completions_help_and_version() {
+fn completions_man_page_help_and_version() {
     for shell in ["bash", "zsh", "fish"] {
         let out = output({
             let mut c = redlease();
@@ -1052,6 +1073,47 @@ fn completions_help_and_version() {
             "{shell}"
         );
     }
+    // The man page, next to the completions: one on stdout, or one per command.
+    let man = output({
+        let mut c = redlease();
+        c.arg("man");
+        c
+    });
+    assert_eq!(man.code, 0, "{man:?}");
+    assert!(
+        man.stdout.starts_with(".ie") && man.stdout.contains(".TH redlease 1"),
+        "{man:?}"
+    );
+    assert!(
+        man.stdout.contains("Exit status:") && man.stdout.contains("redlease\\-run(1)"),
+        "{man:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = output({
+        let mut c = redlease();
+        c.args(["man", "--dir"]).arg(dir.path());
+        c
+    });
+    assert_eq!(out.code, 0, "{out:?}");
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for page in [
+        "redlease.1",
+        "redlease-run.1",
+        "redlease-semaphore-run.1",
+        "redlease-status.1",
+    ] {
+        assert!(pages.iter().any(|p| p == page), "{page} missing from {pages:?}");
+    }
+    let run = read(&dir.path().join("redlease-run.1"));
+    assert!(
+        run.contains(".TH redlease-run 1") && run.contains("lost\\-signal"),
+        "{run}"
+    );
+
     let help = output({
         let mut c = redlease();
         c.arg("--help");
