@@ -38,6 +38,10 @@ If the lease is lost while CMD runs (the key was deleted or taken over, or Redis
 not be reached before the lease ran out), CMD gets --lost-signal, then SIGKILL after \
 --grace, and redlease exits with status 79.
 
+If redlease itself dies (SIGKILL, the OOM killer), CMD gets --lost-signal from the kernel \
+at once (Linux only: elsewhere CMD keeps running); the lock lapses --ttl after the last \
+renewal.
+
 Exit status: CMD's own; 128+N if CMD died of signal N; 75 if the lock was not acquired; \
 79 if the lease was lost while CMD ran; 69 if Redis is unreachable; 126/127 if CMD could \
 not be run; 2 for usage errors.";
@@ -52,8 +56,9 @@ redlease are passed on to CMD, as for `run`.
 
 If leadership is lost while CMD runs (the lease could not be renewed, or the key was \
 deleted), CMD gets --lost-signal, then SIGKILL after --grace, and redlease exits with \
-status 79. If redlease itself is killed with SIGKILL, CMD is not told: it keeps running \
-while another candidate takes over, and only the term can keep the two apart.
+status 79. If redlease itself dies (SIGKILL, the OOM killer), CMD gets --lost-signal \
+from the kernel at once (Linux only: elsewhere CMD keeps running while another candidate \
+takes over, and only the term can keep the two apart).
 
 Exit status: CMD's own; 128+N if CMD died of signal N; 75 if this candidate was not \
 elected within --wait; 79 if leadership was lost while CMD ran; 69 if Redis is \
@@ -203,7 +208,7 @@ pub enum Command {
         mut_arg("ttl", |a| a.help("Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if redlease dies, another candidate may lead this long after the last renewal")),
         mut_arg("wait", |a| a.help("Give up (exit status 75) if this candidate does not lead within DUR [default: wait as long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent waits without limit")),
         mut_arg("no_wait", |a| a.help("Give up at once (exit status 75) if another candidate leads")),
-        mut_arg("lost_signal", |a| a.help("Signal sent to CMD when leadership is lost (name or number)")),
+        mut_arg("lost_signal", |a| a.help("Signal sent to CMD when leadership is lost, or (Linux) when redlease itself dies (name or number)")),
     )]
     Elect(ElectArgs),
 
@@ -301,7 +306,8 @@ pub struct ChildArgs {
     #[command(flatten)]
     pub wait: WaitArgs,
 
-    /// Signal sent to CMD when the lease is lost (name or number)
+    /// Signal sent to CMD when the lease is lost, or (Linux) when redlease itself dies
+    /// (name or number)
     #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = signal)]
     pub lost_signal: Signal,
 

@@ -196,7 +196,9 @@ async fn supervise(
         let _ = guard.release().await;
         return Err(Failure::new(exit::USAGE, "no CMD after `--`"));
     };
-    let spawned = Command::new(program)
+    let mut command = Command::new(program);
+    die_with_redlease(&mut command, args.lost_signal);
+    let spawned = command
         .args(rest)
         .env("REDLEASE_NAME", name)
         .env("REDLEASE_KEY", guard.key())
@@ -276,6 +278,39 @@ async fn supervise(
         }
     }
 }
+
+/// Makes CMD get `signal` when redlease dies — SIGKILL, the OOM killer, a crash — so
+/// that it does not go on running after the lease it ran under has lapsed (Linux: a
+/// parent-death signal, set in the child between fork and exec).
+///
+/// The kernel sends it when the *thread* that forked CMD ends. redlease runs on a
+/// current-thread runtime, and `tokio::process::Command::spawn` forks on the calling
+/// thread — the main thread, which lives as long as redlease does. If redlease died
+/// before the child set the signal, the child's parent is no longer redlease: the
+/// child then refuses to run CMD at all.
+#[cfg(target_os = "linux")]
+fn die_with_redlease(command: &mut Command, signal: Signal) {
+    let parent = std::process::id() as libc::pid_t;
+    let signal = signal as libc::c_ulong;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere there is no parent-death signal: CMD outlives a redlease that is killed
+/// (the README says so).
+#[cfg(not(target_os = "linux"))]
+fn die_with_redlease(_command: &mut Command, _signal: Signal) {}
 
 /// Sends `signal` to CMD unless it has already been reaped (then its pid may be reused).
 fn send(child: &tokio::process::Child, signal: Signal) {

@@ -1229,3 +1229,85 @@ fn user_facing_text_never_speaks_of_seeds() {
         }
     }
 }
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// CMD never outlives its lock: when redlease is killed with SIGKILL (which it cannot
+/// catch), CMD gets --lost-signal from the kernel at once — for every command that runs
+/// a CMD — and the next holder gets a higher fencing token once the lease has lapsed.
+#[test]
+fn cmd_gets_lost_signal_when_redlease_is_killed_and_the_next_holder_is_fenced_higher() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    // CMD records its pid and fencing token, and the signal it gets.
+    let script = r#"trap 'echo got-USR1 > "$0.sig"; exit 0' USR1
+echo "$$ ${REDLEASE_FENCE:-none}" > "$0.tmp" && mv "$0.tmp" "$0"
+while :; do sleep 0.05; done"#;
+    let kinds: &[(&str, &[&str])] = &[
+        ("mutex", &["run", "k-mutex"]),
+        ("fair", &["run", "k-fair", "--fair"]),
+        ("semaphore", &["semaphore", "run", "k-sem", "--permits", "1"]),
+        ("writer", &["rwlock", "run", "k-rw", "--write"]),
+        ("leader", &["elect", "k-elect"]),
+    ];
+    for (kind, args) in kinds {
+        let record = dir.path().join(kind);
+        let mut cmd = at(&server, args);
+        cmd.args(["--ttl", "1s", "--lost-signal", "USR1", "--", "sh", "-c", script])
+            .arg(&record)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut redlease = cmd.spawn().unwrap();
+        eventually(10, &format!("{kind}: CMD started"), || record.exists());
+        let line = read(&record);
+        let (pid, fence) = line.trim().split_once(' ').unwrap();
+        let pid: i32 = pid.parse().unwrap();
+
+        signal(&redlease, Signal::SIGKILL);
+        let killed = Instant::now();
+        redlease.wait().unwrap();
+        while !ended(pid) {
+            if killed.elapsed() >= Duration::from_secs(1) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL); // leave no orphan behind
+                panic!("{kind}: CMD (pid {pid}) still ran a second after redlease was killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let sig = record.with_extension("sig");
+        eventually(1, &format!("{kind}: CMD's trap ran"), || sig.exists());
+        assert_eq!(read(&sig).trim(), "got-USR1", "{kind}: CMD got --lost-signal");
+
+        // The lease lapses within --ttl; the next holder gets in, fenced higher.
+        let name = args.iter().find(|a| a.starts_with("k-")).unwrap();
+        let next: Vec<&str> = match *kind {
+            "semaphore" => vec!["semaphore", "run", name, "--permits", "1"],
+            "writer" => vec!["rwlock", "run", name, "--write"],
+            "leader" => vec!["elect", name],
+            _ => vec!["run", name],
+        };
+        let mut next_cmd = at(&server, &next);
+        next_cmd.args(["--wait", "5s", "--", "sh", "-c", "echo ${REDLEASE_FENCE:-none}"]);
+        let out = output(next_cmd);
+        assert_eq!(out.code, 0, "{kind}: the next holder got in: {out:?}");
+        if *kind == "semaphore" {
+            assert_eq!(
+                (fence, out.stdout.trim()),
+                ("none", "none"),
+                "a semaphore has no fence"
+            );
+        } else {
+            let (first, second): (u64, u64) = (fence.parse().unwrap(), out.stdout.trim().parse().unwrap());
+            assert!(second > first, "{kind}: fence {second} after {first}");
+        }
+    }
+}
