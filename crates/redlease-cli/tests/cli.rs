@@ -520,7 +520,7 @@ fn run_passes_the_exit_status_and_environment_through_and_releases() {
 
     let status = json(&output(at(&server, &["status", "job", "--json"])));
     assert_eq!(status["held"], false);
-    assert_eq!(status["last_fence"], fence, "the fence CMD saw is the lock's");
+    assert_mark(&status["last_fence"], fence); // the fence CMD saw is the lock's
 
     let ok = output(at(&server, &["run", "job", "--", "true"]));
     assert_eq!(ok.code, 0, "{ok:?}");
@@ -542,11 +542,13 @@ fn run_passes_the_exit_status_and_environment_through_and_releases() {
         assert!(out.stderr.contains(program), "{out:?}");
     }
     assert_eq!(
-        all_keys(&server),
-        ["{redlease:job}:meta"],
-        "only the expiring metadata"
+        lock_keys(&server),
+        Vec::<String>::new(),
+        "nothing of the lock is left"
     );
-    assert!(conn(&server).pttl::<_, i64>("{redlease:job}:meta").unwrap() > 0);
+    for key in all_keys(&server) {
+        assert!(conn(&server).pttl::<_, i64>(&key).unwrap() > 0, "{key} expires");
+    }
 }
 
 #[test]
@@ -595,7 +597,15 @@ fn acquire_extend_release_and_status_round_trip() {
     assert_eq!(acquired["ttl_ms"], 30_000);
     let token = acquired["token"].as_str().expect("token is a string").to_owned();
     let fence = acquired["fence"].as_u64().expect("fence is a number");
-    assert_eq!(token.len(), 32, "128-bit hex token");
+    let (random, owner) = token.split_at(32);
+    assert!(
+        random.bytes().all(|b| b.is_ascii_hexdigit()),
+        "128-bit hex token: {token}"
+    );
+    assert!(
+        owner.starts_with('@') && owner.len() > 1,
+        "then the owner label: {token}"
+    );
     let value: String = redis.get("redlease:deploy").unwrap();
     assert_eq!(value, token, "the key holds the printed token");
     let pttl: i64 = redis.pttl("redlease:deploy").unwrap();
@@ -613,7 +623,9 @@ fn acquire_extend_release_and_status_round_trip() {
     }
     let status = json(&out);
     assert_eq!(status["held"], true);
-    assert_eq!(status["fence"], fence);
+    // The plain mutex records no holder's fence; the slot's mark stands for it.
+    assert_eq!(status["fence"], Value::Null);
+    assert_mark(&status["last_fence"], fence);
     assert_eq!(status["waiters"], 0);
     assert!(
         status["owner"].as_str().is_some_and(|o| !o.is_empty()),
@@ -658,7 +670,7 @@ fn acquire_extend_release_and_status_round_trip() {
     assert_eq!(status["held"], false);
     assert_eq!(status["owner"], Value::Null);
     assert_eq!(status["ttl_ms"], Value::Null);
-    assert_eq!(status["last_fence"], fence);
+    assert_mark(&status["last_fence"], fence);
 }
 
 /// `extend` makes the lease last at least --ttl from now and never shortens it, as its
@@ -851,7 +863,7 @@ fn a_signal_while_waiting_exits_128_plus_n_and_leaves_nothing() {
         held["token"].as_str().unwrap(),
         "the holder keeps the lock"
     );
-    assert_eq!(all_keys(&server), ["redlease:wait", "{redlease:wait}:meta"]);
+    assert_eq!(lock_keys(&server), ["redlease:wait"]);
 }
 
 #[test]
@@ -1008,7 +1020,7 @@ fn demo_on_a_given_server_loses_nothing_and_cleans_up() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no acquisition count: {out:?}"));
     assert!(acquisitions > 10, "the workers took turns: {out:?}");
-    let keys = all_keys(&server);
+    let keys = lock_keys(&server);
     assert!(
         keys.iter().all(|k| k.ends_with("}:meta")),
         "only expiring metadata left: {keys:?}"

@@ -21,6 +21,7 @@ const COMMANDS: &[&str] = &[
     "del",
     "unlink",
     "exists",
+    "incr",
     "pttl",
     "pexpire",
     "publish",
@@ -103,7 +104,7 @@ mod tests {
             acl_rules("redlease:").join(" "),
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
-             +get +set +del +unlink +exists +pttl +pexpire +publish +time \
+             +get +set +del +unlink +exists +incr +pttl +pexpire +publish +time \
              +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore \
              +hset +hget +hmget +xadd +xlen +xrange +xrevrange"
         );

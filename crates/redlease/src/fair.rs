@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms, opt_string};
-use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, ScriptCall};
+use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, LEASE_EXTEND, ScriptCall};
 use crate::token::{FencingToken, Token};
 
 /// A distributed mutex that serves its waiters in arrival order (FIFO).
@@ -75,8 +75,10 @@ pub struct FairMutex {
 #[derive(Clone, Debug)]
 struct FairShared {
     base: LockBase,
-    /// `[lock, meta, queue, alive]`: acquire and status.
+    /// `[lock, meta, queue, alive]`: status.
     keys: Arc<[Arc<str>]>,
+    /// `[lock, meta, queue, alive, fencing counter, its floor]`: acquire.
+    acquire_keys: Arc<[Arc<str>]>,
     /// `[lock, meta]`: the plain mutex's extend script renews the holder.
     lock_keys: Arc<[Arc<str>]>,
     /// `[lock, queue, alive]`: heartbeat and release.
@@ -120,9 +122,18 @@ impl FairMutex {
         let meta: Arc<str> = keys.aux("meta").into();
         let queue: Arc<str> = keys.aux("queue").into();
         let alive: Arc<str> = keys.aux("alive").into();
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(FairMutex {
             shared: Arc::new(FairShared {
                 keys: Arc::new([lock.clone(), meta.clone(), queue.clone(), alive.clone()]),
+                acquire_keys: Arc::new([
+                    lock.clone(),
+                    meta.clone(),
+                    queue.clone(),
+                    alive.clone(),
+                    counter.into(),
+                    floor.into(),
+                ]),
                 lock_keys: Arc::new([lock.clone(), meta]),
                 queue_keys: Arc::new([lock, queue, alive]),
                 channel_prefix: keys.aux("wake:").into(),
@@ -255,7 +266,7 @@ impl FairMutex {
         let member: Arc<str> = format!("{id}:{}", ctx.label).into();
         let channel = format!("{}{id}", s.channel_prefix);
         let cmd = FAIR_ACQUIRE.evalsha(
-            &s.keys,
+            &s.acquire_keys,
             &[
                 token.expose(),
                 &member,
@@ -282,12 +293,13 @@ impl FairMutex {
         let spec = Acquire {
             script: &FAIR_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &channel,
             wait,
             // Leaving removes the lock an attempt may have taken and our queue entry.
             undo: self.release_call(&token, member),
             renew: ScriptCall::new(
-                &MUTEX_EXTEND,
+                &LEASE_EXTEND,
                 s.lock_keys.clone(),
                 Arc::new([token.shared(), ctx.retention_arg.clone()]),
             ),
@@ -385,14 +397,14 @@ impl FairMutex {
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = s.base.ttl_ms(ttl)?;
-        let cmd = MUTEX_EXTEND.evalsha(
+        let cmd = LEASE_EXTEND.evalsha(
             &s.lock_keys,
             &[token.expose(), &s.base.ctx.retention_arg],
             Some(ttl_ms),
         );
         let release = self.release_call(token, "".into());
         s.base
-            .by_token("extend", &cmd, &MUTEX_EXTEND, Some(&release))
+            .by_token("extend", &cmd, &LEASE_EXTEND, Some(&release))
             .await
     }
 

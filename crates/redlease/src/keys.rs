@@ -7,6 +7,7 @@
 //! When the lock key already carries a hash tag, the suffix is appended instead, which
 //! keeps that tag (the first `{...}` decides the slot).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -93,6 +94,131 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     })
 }
 
+/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (or of the whole key),
+/// modulo 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(close) if close > 0 => &key[open + 1..open + 1 + close],
+            _ => key,
+        },
+        None => key,
+    };
+    crc16(0, hashed) % SLOTS as u16
+}
+
+/// How many hash slots Redis Cluster has.
+const SLOTS: usize = 16384;
+
+/// CRC16/XMODEM of `bytes`, continuing from `crc`.
+fn crc16(mut crc: u16, bytes: &[u8]) -> u16 {
+    for &b in bytes {
+        crc = (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)];
+    }
+    crc
+}
+
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// The keys that issue the plain mutex's fencing tokens: one counter (and its floor)
+/// per hash slot, shared by every lock of the prefix in that slot (see `mark.lua`).
+///
+/// The counter of slot `s` is `{<prefix>fence:<n>}` with the smallest `n` whose key
+/// lands in `s`, and its floor is `{<prefix>fence:<n>}:floor`: at most two keys per
+/// slot, however many locks come and go. A prefix with braces of its own would take
+/// the counters' hash tags apart, so under such a prefix each lock has its own pair,
+/// `{<lock key>}:fence` and `{<lock key>}:floor` (as its other auxiliary keys).
+#[derive(Debug)]
+pub(crate) struct FenceKeys {
+    prefix: String,
+    /// For each slot the `n` of its counter (`u32::MAX`: none found), computed at first
+    /// use.
+    table: OnceLock<Box<[u32]>>,
+}
+
+/// How many counter names are tried to cover every slot (about 180 000 are needed).
+const MAX_COUNTERS: u32 = 4_000_000;
+
+impl FenceKeys {
+    pub fn new(prefix: &str) -> Self {
+        FenceKeys {
+            prefix: prefix.to_owned(),
+            table: OnceLock::new(),
+        }
+    }
+
+    /// The counter and floor keys of the lock `keys`, in the lock key's slot.
+    pub fn of(&self, keys: &LockKeys) -> [String; 2] {
+        let shared = !self.prefix.contains(['{', '}']);
+        let n = if shared {
+            self.table()[usize::from(key_slot(keys.key.as_bytes()))]
+        } else {
+            u32::MAX
+        };
+        if n == u32::MAX {
+            return [keys.aux("fence"), keys.aux("floor")];
+        }
+        let counter = format!("{{{}fence:{n}}}", self.prefix);
+        let floor = format!("{counter}:floor");
+        [counter, floor]
+    }
+
+    fn table(&self) -> &[u32] {
+        self.table.get_or_init(|| {
+            let mut table = vec![u32::MAX; SLOTS].into_boxed_slice();
+            let start = crc16(crc16(0, self.prefix.as_bytes()), b"fence:");
+            let mut left = SLOTS;
+            let mut digits = Digits([0; 10]);
+            for n in 0..MAX_COUNTERS {
+                let slot = usize::from(crc16(start, digits.format(n)) % SLOTS as u16);
+                if table[slot] == u32::MAX {
+                    table[slot] = n;
+                    left -= 1;
+                    if left == 0 {
+                        break;
+                    }
+                }
+            }
+            table
+        })
+    }
+}
+
+/// Decimal digits of a `u32` without allocating.
+struct Digits([u8; 10]);
+
+impl Digits {
+    fn format(&mut self, mut n: u32) -> &[u8] {
+        let mut i = self.0.len();
+        loop {
+            i -= 1;
+            self.0[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &self.0[i..];
+            }
+        }
+    }
+}
+
 /// The hash tag Redis Cluster would use for `key`, if any.
 pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     let open = key.find('{')?;
@@ -124,7 +250,69 @@ mod tests {
     use super::*;
 
     fn slot(key: &str) -> u16 {
-        crate::transport::key_slot(key.as_bytes())
+        key_slot(key.as_bytes())
+    }
+
+    #[test]
+    fn slots_match_redis() {
+        // The examples of Redis's CLUSTER KEYSLOT documentation.
+        assert_eq!(key_slot(b"somekey"), 11058);
+        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        // And redis-rs's own routing, for a spread of keys.
+        for i in 0..1000 {
+            let key = format!("redlease:lock-{i}");
+            let theirs = format!("{:?}", redis::cluster_routing::Slot::for_key(&key));
+            assert_eq!(theirs, format!("Slot({})", key_slot(key.as_bytes())));
+        }
+        // An empty tag hashes the whole key.
+        assert_ne!(key_slot(b"a{}b"), key_slot(b""));
+    }
+
+    #[test]
+    fn every_slot_has_a_fencing_counter_in_it() {
+        for prefix in ["redlease:", "", "app:locks/"] {
+            let fence = FenceKeys::new(prefix);
+            let table = fence.table();
+            assert!(
+                table.iter().all(|&n| n < MAX_COUNTERS),
+                "{prefix}: a slot without a counter"
+            );
+            for slot in [0usize, 1, 777, 16383] {
+                let key = format!("{{{prefix}fence:{}}}", table[slot]);
+                assert_eq!(usize::from(key_slot(key.as_bytes())), slot, "{key}");
+            }
+        }
+    }
+
+    #[test]
+    fn fencing_counters_share_the_lock_slot() {
+        for (prefix, name) in [
+            ("redlease:", "deploy"),
+            ("", "lock.foo"),
+            ("app:", "{user42}.lock"),
+            ("{tenant}:", "x"),
+            ("p{", "b}"),
+            ("", "ü-ñ-名前"),
+        ] {
+            let keys = LockKeys::new(prefix, name).unwrap();
+            let [counter, floor] = FenceKeys::new(prefix).of(&keys);
+            assert_eq!(slot(&counter), slot(&keys.key), "{prefix}{name}: {counter}");
+            assert_eq!(slot(&floor), slot(&keys.key), "{prefix}{name}: {floor}");
+            assert_ne!(counter, keys.key);
+        }
+        let keys = LockKeys::new("redlease:", "deploy").unwrap();
+        let [counter, floor] = FenceKeys::new("redlease:").of(&keys);
+        assert!(
+            counter.starts_with("{redlease:fence:") && counter.ends_with('}'),
+            "{counter}"
+        );
+        assert_eq!(floor, format!("{counter}:floor"));
+        let keys = LockKeys::new("{tenant}:", "x").unwrap();
+        assert_eq!(
+            FenceKeys::new("{tenant}:").of(&keys),
+            ["{tenant}:x:fence".to_owned(), "{tenant}:x:floor".to_owned()]
+        );
     }
 
     #[test]

@@ -258,6 +258,7 @@ impl Semaphore {
         let spec = Acquire {
             script: &SEM_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.channel,
             wait,
             undo: release.clone(),

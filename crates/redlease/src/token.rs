@@ -30,6 +30,23 @@ impl Token {
         Token(s.into())
     }
 
+    /// A fresh random token that names its owner: `<32 hex digits>@<label>`, so that
+    /// the lock key itself tells who holds it (`status`, `list`). Control characters
+    /// in the label become `?`, and it is cut to 128 bytes.
+    pub(crate) fn for_owner(label: &str) -> Self {
+        let random = Token::generate();
+        let mut s = String::with_capacity(33 + label.len().min(MAX_LABEL));
+        s.push_str(&random.0);
+        s.push('@');
+        for c in label.chars() {
+            if s.len() + c.len_utf8() > 33 + MAX_LABEL {
+                break;
+            }
+            s.push(if c.is_control() { '?' } else { c });
+        }
+        Token(s.into())
+    }
+
     /// Wraps a token received from elsewhere (for example from `redlease acquire`).
     ///
     /// Returns `None` for an empty string or one longer than 512 bytes.
@@ -54,6 +71,9 @@ impl fmt::Debug for Token {
         f.write_str("Token(<redacted>)")
     }
 }
+
+/// The longest owner label kept in a token, in bytes.
+const MAX_LABEL: usize = 128;
 
 /// A number that rises strictly with every acquisition of the same lock.
 ///
@@ -105,6 +125,20 @@ mod tests {
         assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(format!("{a:?}"), "Token(<redacted>)");
         assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn owner_tokens_name_their_owner_safely() {
+        let t = Token::for_owner("host:42");
+        assert_eq!(t.expose().len(), 32 + 1 + 7);
+        let (random, label) = t.expose().split_at(32);
+        assert!(random.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(label, "@host:42");
+        assert_ne!(t, Token::for_owner("host:42"));
+        let t = Token::for_owner("evil\r\x1b[31mred");
+        assert_eq!(&t.expose()[32..], "@evil??[31mred");
+        let t = Token::for_owner(&"é".repeat(100));
+        assert_eq!(&t.expose()[33..], "é".repeat(64));
     }
 
     #[test]

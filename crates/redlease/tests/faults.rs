@@ -41,10 +41,10 @@ async fn lost_reply_then_retry_reports_the_lock_we_hold() {
     );
     let fence = guard.fence();
     let status = mutex.status().await.unwrap();
-    assert_eq!(
-        status.fence,
-        Some(fence),
-        "the retry reports the fence it was given"
+    assert_mark(
+        status.last_fence,
+        fence,
+        "the retry reports the fence it was given",
     );
     guard.release().await.unwrap();
     assert!(!exists(&mut conn, "redlease:lost-reply").await);
@@ -219,38 +219,65 @@ async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
     }
     let err = mutex.status().await.unwrap_err();
     assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
-    // The metadata key of a different type is caught before any write, too.
+    // A fencing counter of a different type is caught before any write, too. (Its
+    // name is found from the floor an acquisition leaves behind.)
+    let metaless = client.mutex("metaless").unwrap();
+    metaless.try_lock().await.unwrap().release().await.unwrap();
+    let keys = all_keys(&mut conn).await;
+    let floor = keys
+        .iter()
+        .map(|(k, _)| k.clone())
+        .find(|k| k.starts_with("{redlease:fence:") && k.ends_with("}:floor"))
+        .unwrap_or_else(|| panic!("a fencing floor: {keys:?}"));
+    let counter = floor.strip_suffix(":floor").unwrap().to_owned();
+    let _: () = redis::cmd("DEL")
+        .arg(&counter)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let _: () = redis::cmd("RPUSH")
-        .arg("{redlease:metaless}:meta")
+        .arg(&counter)
         .arg("x")
         .query_async(&mut conn)
         .await
         .unwrap();
-    let err = client.mutex("metaless").unwrap().try_lock().await.unwrap_err();
+    let err = metaless.try_lock().await.unwrap_err();
     assert!(matches!(err, redlease::Error::WrongType { .. }), "{err:?}");
     assert!(
         !exists(&mut conn, "redlease:metaless").await,
         "no half-written lock"
     );
-    let keys = all_keys(&mut conn).await;
-    assert_eq!(keys.len(), 2, "nothing else was written: {keys:?}");
+    let names: Vec<String> = all_keys(&mut conn).await.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        names,
+        ["redlease:listy".to_owned(), counter.clone(), floor.clone()],
+        "nothing else was written"
+    );
 
-    // Garbled metadata of the right type is replaced: the fence starts again from TIME.
-    let _: () = redis::cmd("SET")
-        .arg("{redlease:garbled}:meta")
-        .arg("not metadata")
+    // A garbled floor of the right type is replaced: the fence starts again from TIME.
+    let _: () = redis::cmd("DEL")
+        .arg(&counter)
         .query_async(&mut conn)
         .await
         .unwrap();
-    let guard = client.mutex("garbled").unwrap().try_lock().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&floor)
+        .arg("not a number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let guard = metaless.try_lock().await.unwrap();
     assert!(
         guard.fence().get() > 1_700_000_000_000_000,
         "fence from server time: {}",
         guard.fence()
     );
-    let meta = get(&mut conn, "{redlease:garbled}:meta").await.unwrap();
-    assert!(meta.starts_with(&format!("{} ", guard.fence())), "{meta}");
-    assert!(!meta.contains("not metadata"));
+    let written: u64 = get(&mut conn, &floor).await.unwrap().parse().unwrap();
+    assert_eq!(
+        written,
+        guard.fence().get() + 100_000,
+        "the floor is one counter life ahead"
+    );
     guard.release().await.unwrap();
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::notify::Notifier;
 use super::renewer::Renewer;
+use crate::keys::FenceKeys;
 use crate::transport::{Batching, CommandConnection, Topology};
 
 /// What the locks of one client share.
@@ -20,10 +21,11 @@ pub(crate) struct Context {
     /// queue), by lock key.
     pub locals: Locals,
     pub prefix: String,
+    /// The keys that issue the plain mutex's fencing tokens.
+    pub fence_keys: FenceKeys,
     /// The owner label stored beside each held lock.
     pub label: Arc<str>,
-    /// Metadata retention in milliseconds, and as the script argument.
-    pub retention_ms: u64,
+    /// Metadata retention in milliseconds, as the script argument.
     pub retention_arg: Arc<str>,
     /// `PUBLISH` or `SPUBLISH`, as the script argument.
     pub publish: Arc<str>,
@@ -66,9 +68,9 @@ impl Context {
             conn,
             notifier,
             locals: Locals::default(),
+            fence_keys: FenceKeys::new(&prefix),
             prefix,
             label: label.into(),
-            retention_ms: retention.as_millis() as u64,
             retention_arg: retention.as_millis().to_string().into(),
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),

@@ -54,18 +54,17 @@ pub struct Mutex {
 #[derive(Debug)]
 struct MutexShared {
     base: LockBase,
-    /// `[lock key, meta key, waiters]`: acquire and release.
+    /// `[lock key, fencing counter, its floor, waiters]`: acquire and release.
     keys: Arc<[Arc<str>]>,
-    /// `[lock key, meta key]`: extend, hand-over and status. (During a slot migration a
-    /// script naming a key that does not exist is refused with TRYAGAIN: the calls that
-    /// must keep working then — renewals — name only keys that exist while the lock is
-    /// held.)
+    /// `[lock key, fencing counter, its floor]`: hand-over and status.
+    fence_keys: Arc<[Arc<str>]>,
+    /// `[lock key]`: extend. (During a slot migration a script naming a key that does
+    /// not exist is refused with TRYAGAIN: the calls that must keep working then —
+    /// renewals — name only the key that exists while the lock is held.)
     lock_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// The metadata's TTL (the lease plus the retention), as the script argument.
-    meta_px_arg: Arc<str>,
     /// How long a lock handed to a waiter holds before it extends it, as the script
     /// argument (see [`grant_claim`]).
     claim_arg: Arc<str>,
@@ -87,11 +86,16 @@ pub struct MutexStatus {
     pub owner: Option<String>,
     /// The holder's remaining lease; `None` when free or when the key has no TTL.
     pub remaining: Option<Duration>,
-    /// The holder's fencing token, when known.
+    /// The holder's fencing token, when known. (The plain mutex does not record it:
+    /// see `last_fence`.)
     pub fence: Option<FencingToken>,
-    /// The highest fencing token issued for this lock within the metadata retention.
+    /// A fencing token at least as high as every one issued so far for this lock,
+    /// and below every one issued later: the fencing mark of the lock's hash slot
+    /// (which the locks sharing the slot share). `None` when no lock of the slot was
+    /// taken for a day.
     pub last_fence: Option<FencingToken>,
-    /// When the holder acquired the lock (Redis server time), when known.
+    /// When the holder acquired the lock (Redis server time), when known. (Not
+    /// recorded for the plain mutex.)
     pub since: Option<std::time::SystemTime>,
     /// How many client connections are waiting for the lock (each waiting process
     /// counts once, however many tasks in it wait).
@@ -103,16 +107,23 @@ impl Mutex {
         let keys = LockKeys::new(&ctx.prefix, name)?;
         let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
+        let (counter, floor): (Arc<str>, Arc<str>) = (counter.into(), floor.into());
         Ok(Mutex {
             shared: Arc::new(MutexShared {
                 channel: keys.aux("wake").into(),
                 local: base.ctx.locals.get(&base.key),
-                keys: Arc::new([base.key.clone(), keys.aux("meta").into(), keys.aux("q").into()]),
-                lock_keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
+                keys: Arc::new([
+                    base.key.clone(),
+                    counter.clone(),
+                    floor.clone(),
+                    keys.aux("q").into(),
+                ]),
+                fence_keys: Arc::new([base.key.clone(), counter, floor]),
+                lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: ttl_ms.to_string().into(),
                 claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
                 register_arg: register_life(options.ttl).as_millis().to_string().into(),
-                meta_px_arg: (ttl_ms + base.ctx.retention_ms).to_string().into(),
                 base,
             }),
         })
@@ -195,7 +206,7 @@ impl Mutex {
 
     async fn acquire(&self, wait: Wait) -> Result<MutexGuard> {
         let s = &*self.shared;
-        let token = Token::generate();
+        let token = Token::for_owner(&s.base.ctx.label);
         // Tasks of this client queue locally behind the local holder; one at a time
         // goes to Redis.
         let turn = match s.local.enter(&token, !wait.waits()) {
@@ -249,28 +260,28 @@ impl Mutex {
     /// Acquires through Redis with `token` (as this client's representative).
     async fn acquire_through_redis(&self, token: Token, wait: Wait) -> Result<GuardCore> {
         let s = &*self.shared;
+        // Waiters register, so that a release wakes them: for a hand-over (kind ' '),
+        // unless the lock waits for replicas, which a hand-over would skip; then only to
+        // be woken (kind '!').
+        let waits = wait.waits();
+        let grants = waits && s.base.options.replica_ack.is_none();
         let id = waiter_id();
-        let tail = format!(" {} {}", token.expose(), s.base.ctx.label);
-        // Waiters register for a hand-over — unless the lock waits for replicas, which
-        // a hand-over would skip.
-        let grants = wait.waits() && s.base.options.replica_ack.is_none();
-        let cmd = MUTEX_ACQUIRE.evalsha(
-            &s.keys,
-            &[
-                token.expose(),
-                &s.ttl_arg,
-                &tail,
-                &s.meta_px_arg,
-                &id,
-                if grants { "1" } else { "0" },
-                &s.register_arg,
-            ],
-            None,
-        );
-        let registration: Arc<str> = format!("{id}{tail}").into();
+        let id_kind = format!("{id}{}", if grants { ' ' } else { '!' });
+        let attempt = |flag: &str| {
+            MUTEX_ACQUIRE.evalsha(
+                &s.keys,
+                &[token.expose(), &s.ttl_arg, &id_kind, flag, &s.register_arg],
+                None,
+            )
+        };
+        let cmd = attempt(if waits { "1" } else { "0" });
+        // After a busy answer left a registration, an attempt that acquires leaves it.
+        let cmd_registered = attempt("2");
+        let registration: Arc<str> = format!("{id_kind}{}", token.expose()).into();
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: waits.then_some(&cmd_registered),
             channel: &s.channel,
             wait,
             // Gives back a lock an attempt may have taken (or was handed), and leaves
@@ -289,8 +300,8 @@ impl Mutex {
             .acquire(spec, |reply, _| {
                 let parsed = parse_acquire(reply, ttl, &s.base)?;
                 Ok(match parsed {
-                    // A registered waiter left a registration behind: undo removes it.
-                    Reply::Busy { busy, .. } => Reply::Busy { busy, queued: grants },
+                    // A waiter left a registration behind: undo removes it.
+                    Reply::Busy { busy, .. } => Reply::Busy { busy, queued: waits },
                     acquired => acquired,
                 })
             })
@@ -299,11 +310,7 @@ impl Mutex {
 
     fn renew_call(&self, token: &Token) -> ScriptCall {
         let s = &*self.shared;
-        ScriptCall::new(
-            &MUTEX_EXTEND,
-            s.lock_keys.clone(),
-            Arc::new([token.shared(), s.base.ctx.retention_arg.clone()]),
-        )
+        ScriptCall::new(&MUTEX_EXTEND, s.lock_keys.clone(), Arc::new([token.shared()]))
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
@@ -321,7 +328,6 @@ impl Mutex {
                 s.channel.clone(),
                 s.base.ctx.publish.clone(),
                 s.claim_arg.clone(),
-                s.meta_px_arg.clone(),
                 registration,
             ]),
         )
@@ -357,14 +363,8 @@ impl Mutex {
         let release = self.release_call(core.token());
         let (token, _) = core.take();
         let cmd = MUTEX_HANDOFF.evalsha(
-            &s.lock_keys,
-            &[
-                token.expose(),
-                popped.token().expose(),
-                &s.ttl_arg,
-                &format!(" {} {}", popped.token().expose(), s.base.ctx.label),
-                &s.meta_px_arg,
-            ],
+            &s.fence_keys,
+            &[token.expose(), popped.token().expose(), &s.ttl_arg],
             None,
         );
         // If this future is dropped or fails before Redis answers, our own token is
@@ -439,7 +439,7 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let cmd = MUTEX_STATUS.evalsha(&s.lock_keys, &[] as &[&str], None);
+        let cmd = MUTEX_STATUS.evalsha(&s.fence_keys, &[] as &[&str], None);
         let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
@@ -467,7 +467,8 @@ fn register_life(ttl: Duration) -> Duration {
 }
 
 /// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have
-/// the same shapes, and `0` for "the old token does not hold the lock").
+/// the same shapes, and `0` for "the old token does not hold the lock"). The fencing
+/// mark of a busy reply is a decimal string.
 fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply> {
     if let Some(acquired) = Reply::acquired(reply, ttl, true) {
         return Ok(acquired);

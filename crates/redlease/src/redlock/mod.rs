@@ -32,7 +32,7 @@ use crate::error::{Error, Result, is_transient};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
 use crate::script::reply::{array, int};
-use crate::script::{LuaScript, MUTEX_EXTEND, MUTEX_RELEASE, REDLOCK_ACQUIRE, ScriptCall, eval};
+use crate::script::{LuaScript, MUTEX_EXTEND, REDLOCK_ACQUIRE, REDLOCK_RELEASE, ScriptCall, eval};
 use crate::token::Token;
 
 mod guard;
@@ -193,12 +193,7 @@ impl Redlock {
                 redlock: self.shared.clone(),
                 name: name.into(),
                 channel: keys.aux("wake").into(),
-                keys: Arc::new([keys.key.as_str().into(), keys.aux("meta").into()]),
-                release_keys: Arc::new([
-                    keys.key.as_str().into(),
-                    keys.aux("meta").into(),
-                    keys.aux("q").into(),
-                ]),
+                keys: Arc::new([keys.key.as_str().into()]),
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
             }),
@@ -237,10 +232,8 @@ pub struct RedlockMutex {
 struct MutexShared {
     redlock: Arc<RedlockShared>,
     name: Arc<str>,
-    /// `[lock key, meta key]`, the same on every master.
+    /// `[lock key]`, the same on every master.
     keys: Arc<[Arc<str>]>,
-    /// The keys of the plain mutex's release: `[lock key, meta key, waiters]`.
-    release_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     options: LeaseOptions,
     ttl_arg: Arc<str>,
@@ -408,29 +401,22 @@ impl RedlockMutex {
             .max(Duration::from_millis(1))
     }
 
-    /// The plain mutex's release on one master (nobody registers for a hand-over on a
-    /// Redlock, so it only compare-and-deletes).
+    /// The release on one master: compare-and-delete, and a wake-up.
     fn release_call(&self, node: &Context, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
-            &MUTEX_RELEASE,
-            s.release_keys.clone(),
-            Arc::new([
-                token.shared(),
-                s.channel.clone(),
-                node.publish.clone(),
-                "0".into(),
-                "0".into(),
-                "".into(),
-            ]),
+            &REDLOCK_RELEASE,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.channel.clone(), node.publish.clone()]),
         )
     }
 
-    fn extend_call(&self, node: &Context, token: &Token) -> ScriptCall {
+    /// The renewal on one master: the plain mutex's extend.
+    fn extend_call(&self, _node: &Context, token: &Token) -> ScriptCall {
         ScriptCall::new(
             &MUTEX_EXTEND,
             self.shared.keys.clone(),
-            Arc::new([token.shared(), node.retention_arg.clone()]),
+            Arc::new([token.shared()]),
         )
     }
 
@@ -586,7 +572,7 @@ impl RedlockMutex {
             limit = limit.min(left.max(Duration::from_millis(1)));
         }
         let token = Token::generate();
-        let cmd = Arc::new(REDLOCK_ACQUIRE.evalsha(&s.keys[..1], &[token.expose(), &s.ttl_arg], None));
+        let cmd = Arc::new(REDLOCK_ACQUIRE.evalsha(&s.keys, &[token.expose(), &s.ttl_arg], None));
         let claims: Vec<Arc<Claim>> = nodes
             .iter()
             .map(|n| Arc::new(Claim::new(n.clone(), &s.name, self.release_call(n, &token), ttl)))

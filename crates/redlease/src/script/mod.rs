@@ -120,6 +120,7 @@ impl std::fmt::Debug for LuaScript {
 }
 
 const FENCE: &str = include_str!("fence.lua");
+const MARK: &str = include_str!("mark.lua");
 const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
@@ -143,17 +144,18 @@ macro_rules! script {
     };
 }
 
-script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
+script!(MUTEX_ACQUIRE, "mutex_acquire", [MARK]);
 script!(MUTEX_EXTEND, "mutex_extend");
-script!(MUTEX_RELEASE, "mutex_release", fenced);
-script!(MUTEX_STATUS, "mutex_status", fenced);
-script!(MUTEX_HANDOFF, "mutex_handoff", fenced);
+script!(MUTEX_RELEASE, "mutex_release", [MARK]);
+script!(MUTEX_STATUS, "mutex_status", [MARK]);
+script!(MUTEX_HANDOFF, "mutex_handoff", [MARK]);
+script!(LEASE_EXTEND, "lease_extend");
 script!(CAS, "cas");
 script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
 script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
 script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
 
-script!(FAIR_ACQUIRE, "fair_acquire", [FENCE, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_ACQUIRE, "fair_acquire", [MARK, FENCE, EXPIRY, FAIR_QUEUE]);
 script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
 script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
 script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
@@ -161,7 +163,7 @@ script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
 script!(RW_READ, "rw_read", [EXPIRY]);
 script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
 script!(RW_READ_RELEASE, "rw_read_release", [EXPIRY]);
-script!(RW_WRITE, "rw_write", [FENCE, EXPIRY]);
+script!(RW_WRITE, "rw_write", [MARK, FENCE, EXPIRY]);
 script!(RW_WRITER_HEARTBEAT, "rw_writer_heartbeat", [EXPIRY]);
 script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
 script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
@@ -173,6 +175,7 @@ script!(SEM_RELEASE, "sem_release", [EXPIRY]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
+script!(REDLOCK_RELEASE, "redlock_release");
 
 script!(ELECTION_CAMPAIGN, "election_campaign", fenced);
 script!(ELECTION_RENEW, "election_renew");
@@ -188,6 +191,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &MUTEX_RELEASE,
         &MUTEX_STATUS,
         &MUTEX_HANDOFF,
+        &LEASE_EXTEND,
         &CAS,
         &LEGACY_ACQUIRE,
         &LEGACY_RENEW,
@@ -209,6 +213,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_RELEASE,
         &SEM_STATUS,
         &REDLOCK_ACQUIRE,
+        &REDLOCK_RELEASE,
         &ELECTION_CAMPAIGN,
         &ELECTION_RENEW,
         &ELECTION_RESIGN,
@@ -254,8 +259,8 @@ mod tests {
             assert!(!body.is_empty());
         }
         assert!(
-            MUTEX_ACQUIRE.code().starts_with("-- fence.lua"),
-            "fenced scripts carry the prelude"
+            MUTEX_ACQUIRE.code().starts_with("-- mark.lua") && FAIR_STATUS.code().starts_with("-- fence.lua"),
+            "fencing scripts carry their prelude"
         );
         for script in [&*LEGACY_ACQUIRE, &*LEGACY_RENEW, &*LEGACY_RELEASE] {
             assert!(

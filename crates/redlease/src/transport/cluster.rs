@@ -28,8 +28,9 @@ use redis::{Cmd, ConnectionInfo, PushInfo, RedisResult, Value};
 use tokio::sync::mpsc;
 
 use super::CommandConnection;
-use super::pipeline::{group_by, key_slot, one_pipeline, scatter};
+use super::pipeline::{group_by, one_pipeline, scatter};
 use super::value::{array, int, opt_string};
+use crate::keys::key_slot;
 
 /// How long connecting to a node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -18,8 +18,6 @@ mod topology;
 pub(crate) mod value;
 
 pub(crate) use batch::{Batching, send_batch};
-#[cfg(test)]
-pub(crate) use pipeline::key_slot;
 pub(crate) use topology::{Deployment, Topology};
 
 /// A connection redlease can send commands over, shared by all its tasks.
