@@ -202,6 +202,23 @@ impl FenceKeys {
     }
 }
 
+/// Whether `key` is one of the shared fencing counters of `prefix` or its floor —
+/// `{<prefix>fence:<n>}` or `{<prefix>fence:<n>}:floor` (see [`FenceKeys`]) — and so
+/// not a lock. (Under a prefix with braces the counters are auxiliary keys of each
+/// lock, `<lock key>:fence` and `<lock key>:floor`.)
+pub(crate) fn is_fence_counter(prefix: &str, key: &str) -> bool {
+    let Some(rest) = key
+        .strip_prefix('{')
+        .and_then(|k| k.strip_prefix(prefix))
+        .and_then(|k| k.strip_prefix("fence:"))
+    else {
+        return false;
+    };
+    let rest = rest.strip_suffix(":floor").unwrap_or(rest);
+    rest.strip_suffix('}')
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Decimal digits of a `u32` without allocating.
 struct Digits([u8; 10]);
 
@@ -367,6 +384,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("longer than 1024 bytes") && err.len() < 200, "{err}");
+    }
+
+    #[test]
+    fn fence_counters_are_recognised() {
+        let fences = FenceKeys::new("redlease:");
+        let keys = LockKeys::new("redlease:", "deploy").unwrap();
+        for key in fences.of(&keys) {
+            assert!(is_fence_counter("redlease:", &key), "{key}");
+        }
+        assert!(is_fence_counter("", "{fence:12}:floor"));
+        for not in [
+            "redlease:fence:12",
+            "{redlease:fence:}",
+            "{redlease:fence:1x}",
+            "{redlease:deploy}:q",
+            "{other:fence:1}",
+        ] {
+            assert!(!is_fence_counter("redlease:", not), "{not}");
+        }
     }
 
     #[test]

@@ -26,6 +26,8 @@
 //!   assumes bounded clock drift, and gives no fencing token (see [`Redlock`] for why).
 //! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
 //! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
+//! - [`Client::list`] / [`LockInfo`]: every held lock under the prefix, of every kind,
+//!   found with `SCAN` and never showing a token.
 //! - [`Error`]: one error type; messages name the lock.
 //! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
 //!   for replicas after acquire and extend).
@@ -37,7 +39,8 @@
 //!
 //! Inside, the layers are the folders; each imports only from those below it:
 //!
-//! - the public face: `client` (the [`Client`]), `options`, `error`, and the
+//! - the public face: `client` (the [`Client`]), `list` (what every primitive's keys
+//!   look like, for [`Client::list`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
 //!   `legacy`, `redlock`, `election`: only what is specific to each, its keys,
@@ -131,6 +134,7 @@ mod acl;
 mod client;
 mod error;
 mod keys;
+mod list;
 mod options;
 mod token;
 
@@ -138,6 +142,7 @@ pub use acl::acl_rules;
 pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
 pub use error::{CertificateProblem, Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use list::{LockInfo, LockKind};
 pub use options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, DEFAULT_TTL,
     LeaseOptions, OnShortfall, ReplicaAck,
