@@ -198,6 +198,14 @@ pub enum Command {
     /// Exit status 0 whether or not the lock is held (see `held` in --json).
     Status(StatusArgs),
 
+    /// List every held lock under the prefix, of every kind, whose name matches PATTERN
+    ///
+    /// Mutexes, fair mutexes, read-write locks, semaphores, elections and legacy locks,
+    /// and locks other libraries hold in keys under the prefix (owner "(another
+    /// library)"). Found with SCAN (never KEYS), on a cluster on every master; never
+    /// shows a token. Exit status 0 whether or not anything is held.
+    List(ListArgs),
+
     /// Run CMD while this process is the elected leader of NAME: one leader at a time
     ///
     /// Waits until this candidate leads, then runs CMD with REDLEASE_TERM; resigns when
@@ -512,6 +520,20 @@ pub struct LeaderArgs {
     /// each vacancy — until interrupted
     #[arg(long)]
     pub watch: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only locks whose NAME matches this glob: * any characters, ? one, [abc] one of,
+    /// [^a] not, \ escapes (quote it from the shell: 'job-*')
+    #[arg(value_name = "PATTERN", default_value = "*")]
+    pub pattern: String,
+
+    /// Print one JSON array of objects: kind (mutex, fair mutex, rwlock, semaphore,
+    /// election, legacy), name, key, held, owner (null when unknown), foreign (another
+    /// library holds it), ttl_ms, fence (null where none), waiters, holders
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1323,3 +1323,112 @@ while :; do sleep 0.05; done"#;
         }
     }
 }
+
+/// `list` shows every held lock under the prefix — plain, another library's, a
+/// semaphore's permits — as a table or JSON, filtered by a glob, never with a token.
+#[test]
+fn list_shows_every_held_lock_never_a_token() {
+    let server = server();
+    let mut redis = conn(&server);
+    let deploy = json(&output(at(
+        &server,
+        &["acquire", "deploy", "--ttl", "30s", "--json"],
+    )));
+    let token = deploy["token"].as_str().unwrap().to_owned();
+    let job = json(&output(at(
+        &server,
+        &["acquire", "job-1", "--ttl", "30s", "--json"],
+    )));
+    let _: () = redis::cmd("SET")
+        .arg("redlease:theirs")
+        .arg("d3b07384-d9a0-4c9b-8f1e-0a1b2c3d4e5f")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut redis)
+        .unwrap();
+    let (sem, _stdout) = start_until_ready(at(
+        &server,
+        &[
+            "semaphore",
+            "run",
+            "pool",
+            "--permits",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ],
+    ));
+
+    let out = output(at(&server, &["list", "--json"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        !out.stdout.contains(&token[..32]) && !out.stdout.contains("d3b07384"),
+        "{out:?}"
+    );
+    let list = json(&out);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["deploy", "job-1", "pool", "theirs"], "{list}");
+    let first = &list[0];
+    assert_eq!(first["kind"], "mutex");
+    assert_eq!(first["key"], "redlease:deploy");
+    assert_eq!(first["held"], true);
+    assert_eq!(first["owner"], deploy["owner"]);
+    assert_eq!(first["fence"], Value::Null, "a plain mutex records no fence");
+    assert_eq!(
+        (first["waiters"].as_u64(), first["foreign"].as_bool()),
+        (Some(0), Some(false))
+    );
+    assert!(
+        first["ttl_ms"].as_u64().is_some_and(|t| t > 0 && t <= 30_000),
+        "{first}"
+    );
+    assert_eq!(list[1]["owner"], job["owner"]);
+    assert_eq!(
+        (list[2]["kind"].as_str(), list[2]["holders"].as_u64()),
+        (Some("semaphore"), Some(1))
+    );
+    assert_eq!(list[2]["owner"], Value::Null);
+    assert_eq!(
+        (list[3]["kind"].as_str(), list[3]["foreign"].as_bool()),
+        (Some("mutex"), Some(true))
+    );
+    assert_eq!(list[3]["owner"], Value::Null);
+
+    let jobs = json(&output(at(&server, &["list", "job-*", "--json"])));
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert_eq!(jobs[0]["name"], "job-1");
+
+    let table = output(at(&server, &["list"]));
+    assert_eq!(table.code, 0, "{table:?}");
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{table:?}");
+    assert!(
+        lines[0].starts_with("KIND") && lines[0].contains("WAITERS"),
+        "{table:?}"
+    );
+    assert!(
+        lines[1].starts_with("mutex") && lines[1].contains("deploy"),
+        "{table:?}"
+    );
+    assert!(
+        lines[4].contains("theirs") && lines[4].contains("(another library)"),
+        "{table:?}"
+    );
+    let none = output(at(&server, &["list", "nothing*"]));
+    assert_eq!(
+        (none.code, none.stdout.as_str()),
+        (0, "(no lock held)\n"),
+        "{none:?}"
+    );
+
+    signal(&sem, Signal::SIGTERM);
+    let out = finish(sem, Instant::now());
+    assert_eq!(out.code, 128 + 15, "{out:?}");
+}
