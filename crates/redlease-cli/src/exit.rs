@@ -103,6 +103,12 @@ impl Failure {
                 format!("a majority of the --redlock masters ({redis}) must answer; start the ones that are down"),
             ),
             E::Certificate { problem, .. } => (UNAVAILABLE, certificate_hint(*problem)),
+            E::UnsupportedServer { needs, .. } => (
+                UNAVAILABLE,
+                format!(
+                    "upgrade the server at {redis} to Redis {needs} or newer (Debian 12 and Ubuntu 24.04 ship 7.0; Valkey 7.2 and newer work too)"
+                ),
+            ),
             E::ReadOnly { .. } => (
                 UNAVAILABLE,
                 "the server is a read-only replica; point --redis at the primary".to_owned(),

@@ -468,3 +468,27 @@ fn wait_replicas_reports_acks_and_a_shortfall_releases_and_exits_69() {
     let fair = output(with(&one, &["run", "payroll", "--fair", "--", "true"]));
     assert_eq!(fair.code, 2, "--wait-replicas is for the plain lock: {fair:?}");
 }
+
+/// A server older than Redis 7.0 is refused by its version, with the upgrade as the
+/// hint — not "is Redis running". Needs `$REDLEASE_OLD_REDIS_SERVER` (scripts/test).
+#[test]
+fn an_old_server_is_named_with_the_version_it_needs() {
+    let Some(bin) = std::env::var_os("REDLEASE_OLD_REDIS_SERVER") else {
+        eprintln!("skipped: REDLEASE_OLD_REDIS_SERVER is not set (scripts/test sets it)");
+        return;
+    };
+    let server = RedisServer::builder()
+        .bin(bin)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for args in [&["status", "x"][..], &["run", "x", "--", "true"], &["list"]] {
+        let out = output(with(&["--redis".to_owned(), server.url()], args));
+        assert_eq!(out.code, 69, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("redis 6.2.") && out.stderr.contains("needs Redis 7.0 or newer"),
+            "{out:?}"
+        );
+        assert!(out.stderr.contains("hint: upgrade the server"), "{out:?}");
+        assert!(!out.stderr.contains("is Redis running"), "{out:?}");
+    }
+}

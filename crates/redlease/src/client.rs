@@ -667,6 +667,7 @@ impl ClientBuilder {
                 )
             }
         };
+        check_server(&*conn, &self.prefix).await?;
         let topology = Topology {
             deployment,
             response_timeout,
@@ -683,6 +684,50 @@ impl ClientBuilder {
         });
         Ok(Client { ctx })
     }
+}
+
+/// The Redis version below which no lock works: every lease renews with
+/// `PEXPIRE … GT`.
+const OLDEST_SUPPORTED: &str = "7.0";
+
+/// Refuses a server too old for redlease, naming its version: asks it to run
+/// `PEXPIRE <key> 1 GT` — which never shortens a TTL, whatever the key holds — and an
+/// older server refuses the `GT`. Any other failure (a user without the permission, a
+/// timeout) is left to the operations that follow: this check must not make a working
+/// set-up fail.
+async fn check_server(conn: &dyn CommandConnection, prefix: &str) -> Result<()> {
+    let mut probe = redis::cmd("PEXPIRE");
+    probe
+        .arg(format!("{prefix}redlease-server-check"))
+        .arg(1)
+        .arg("GT");
+    let Err(e) = conn.send(&probe).await else {
+        return Ok(());
+    };
+    let Some((needs, feature)) = crate::error::too_old_for(&e.to_string()) else {
+        tracing::debug!(error = %e, "could not check the server's version");
+        return Ok(());
+    };
+    debug_assert_eq!(needs, OLDEST_SUPPORTED);
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let version = match conn.send(&info).await {
+        Ok(redis::Value::BulkString(text)) => redis_version(&String::from_utf8_lossy(&text)),
+        Ok(redis::Value::VerbatimString { text, .. }) => redis_version(&text),
+        _ => None,
+    };
+    Err(Error::UnsupportedServer {
+        version,
+        needs,
+        feature,
+    })
+}
+
+/// `redis_version` from an `INFO server` reply.
+fn redis_version(info: &str) -> Option<String> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .map(|v| v.trim().to_owned())
 }
 
 /// The error of a connection that failed: [`Error::Certificate`] when a certificate was

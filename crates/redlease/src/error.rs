@@ -207,6 +207,23 @@ pub enum Error {
         source: RedisError,
     },
 
+    /// The Redis server is older than a command redlease needs: renewing any lease
+    /// uses `PEXPIRE … GT` (Redis 7.0), Cluster wake-ups sharded pub/sub (7.0). Found
+    /// when the client is built (it probes the server), or when a command fails with
+    /// the error an older server gives.
+    #[error(
+        "{} is too old for redlease: it needs Redis {needs} or newer ({feature})",
+        .version.as_deref().map_or_else(|| "this Redis server".to_owned(), |v| format!("redis {v}"))
+    )]
+    UnsupportedServer {
+        /// The server's `redis_version`, when it could be read.
+        version: Option<String>,
+        /// The oldest Redis version that works.
+        needs: &'static str,
+        /// What needs it.
+        feature: &'static str,
+    },
+
     /// The client could not be set up.
     #[error("cannot set up redlease: {reason}")]
     Config {
@@ -348,6 +365,7 @@ impl Error {
             | Error::NoQuorum { name, .. } => Some(name),
             Error::Config { .. }
             | Error::Certificate { .. }
+            | Error::UnsupportedServer { .. }
             | Error::TooMuchContention { .. }
             | Error::TransactionRejected { .. }
             | Error::TransactionPartlyFailed { .. } => None,
@@ -357,6 +375,13 @@ impl Error {
     /// Maps a redis-rs error of operation `op` on lock `name` to the matching variant.
     pub(crate) fn from_redis(name: &str, key: &str, op: &'static str, source: RedisError) -> Self {
         let detail = source.to_string();
+        if let Some((needs, feature)) = too_old_for(&detail) {
+            return Error::UnsupportedServer {
+                version: None,
+                needs,
+                feature,
+            };
+        }
         if source.code() == Some("WRONGTYPE") || detail.contains("WRONGTYPE") {
             return Error::WrongType {
                 name: name.to_owned(),
@@ -377,6 +402,26 @@ impl Error {
             source,
         }
     }
+}
+
+/// The Redis version and the feature an error reply says the server lacks: what a
+/// server older than 7.0 answers to the commands redlease needs from 7.0 on.
+pub(crate) fn too_old_for(detail: &str) -> Option<(&'static str, &'static str)> {
+    let lower = detail.to_ascii_lowercase();
+    if lower.contains("wrong number of arguments for 'pexpire'") {
+        return Some(("7.0", "PEXPIRE … GT, which renews every lease"));
+    }
+    if lower.contains("unknown command")
+        && ["spublish", "ssubscribe", "shardnumsub"]
+            .iter()
+            .any(|c| lower.contains(c))
+    {
+        return Some(("7.0", "sharded pub/sub, which wakes waiters on a cluster"));
+    }
+    if lower.contains("unknown command") && lower.contains("zmscore") {
+        return Some(("6.2", "ZMSCORE"));
+    }
+    None
 }
 
 /// `"; first: command <i>: <message>"`, or nothing when the list is empty.
@@ -446,6 +491,43 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_old_servers_errors_name_the_version_needed() {
+        let pexpire = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "wrong number of arguments for 'pexpire' command".to_owned(),
+        ));
+        let err = Error::from_redis("x", "redlease:x", "extend", pexpire);
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedServer {
+                    version: None,
+                    needs: "7.0",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "this Redis server is too old for redlease: it needs Redis 7.0 or newer (PEXPIRE … GT, which renews every lease)"
+        );
+        assert!(too_old_for("ERR unknown command `SPUBLISH`, with args beginning with").is_some());
+        assert!(too_old_for("ERR syntax error").is_none());
+        let known = Error::UnsupportedServer {
+            version: Some("6.2.14".into()),
+            needs: "7.0",
+            feature: "PEXPIRE … GT",
+        };
+        assert!(
+            known
+                .to_string()
+                .starts_with("redis 6.2.14 is too old for redlease")
+        );
+    }
 
     #[test]
     fn names_in_messages_are_escaped_and_shortened() {
