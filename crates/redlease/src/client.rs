@@ -520,9 +520,11 @@ impl ClientBuilder {
         self
     }
 
-    /// How long a lock's metadata — its fencing high-water mark, owner and release
-    /// record — outlives the lease (default 60 s). Fencing tokens stay monotonic across
-    /// a clock step-back of Redis's host shorter than this.
+    /// How long the metadata of a fair mutex, a read-write lock or an election — owner,
+    /// fencing token, since when — outlives the lease (default 60 s); an election's
+    /// terms stay monotonic across a clock step-back of Redis's host shorter than this.
+    /// (The plain mutex keeps no metadata: its fencing tokens come from a counter with a
+    /// floor that lives a day; see [`FencingToken`](crate::FencingToken).)
     pub fn metadata_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self

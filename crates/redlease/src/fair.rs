@@ -131,8 +131,8 @@ impl FairMutex {
                     meta.clone(),
                     queue.clone(),
                     alive.clone(),
-                    counter.into(),
-                    floor.into(),
+                    counter,
+                    floor,
                 ]),
                 lock_keys: Arc::new([lock.clone(), meta]),
                 queue_keys: Arc::new([lock, queue, alive]),
@@ -332,6 +332,7 @@ impl FairMutex {
                                 remaining: ms(int(pttl)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // Queued: leaving must remove the entry.
                             queued: place.is_some(),

@@ -7,7 +7,7 @@
 //! When the lock key already carries a hash tag, the suffix is appended instead, which
 //! keeps that tag (the first `{...}` decides the slot).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -138,17 +138,27 @@ const CRC16_TABLE: [u16; 256] = {
     table
 };
 
-/// The keys that issue the plain mutex's fencing tokens: one counter (and its floor)
-/// per hash slot, shared by every lock of the prefix in that slot (see `mark.lua`).
+/// The keys that issue the plain mutex's fencing tokens (see `mark.lua`): a counter and
+/// its floor, shared by every lock of the prefix — on a Redis Cluster, by every lock of
+/// the prefix in one hash slot, as a script can only touch keys of one slot.
 ///
-/// The counter of slot `s` is `{<prefix>fence:<n>}` with the smallest `n` whose key
-/// lands in `s`, and its floor is `{<prefix>fence:<n>}:floor`: at most two keys per
-/// slot, however many locks come and go. A prefix with braces of its own would take
-/// the counters' hash tags apart, so under such a prefix each lock has its own pair,
-/// `{<lock key>}:fence` and `{<lock key>}:floor` (as its other auxiliary keys).
+/// On a single server (or one Sentinel master) they are `{<prefix>fence}` and
+/// `{<prefix>fence}:floor`. On a Cluster the counter of slot `s` is
+/// `{<prefix>fence:<n>}` with the smallest `n` whose key lands in `s`, and its floor
+/// `{<prefix>fence:<n>}:floor`: at most two keys per slot, however many locks come and
+/// go. (A prefix with braces of its own would take the counters' hash tags apart, so
+/// under such a prefix each lock of a Cluster has its own pair, `{<lock key>}:fence`
+/// and `{<lock key>}:floor`, as its other auxiliary keys.)
+///
+/// Every client of a lock must agree on these keys, so all of them must be configured
+/// alike: all for a Cluster, or none.
 #[derive(Debug)]
 pub(crate) struct FenceKeys {
     prefix: String,
+    /// The counters are per hash slot (a Cluster).
+    per_slot: bool,
+    /// The one pair when they are not.
+    single: OnceLock<[Arc<str>; 2]>,
     /// For each slot the `n` of its counter (`u32::MAX`: none found), computed at first
     /// use.
     table: OnceLock<Box<[u32]>>,
@@ -158,15 +168,25 @@ pub(crate) struct FenceKeys {
 const MAX_COUNTERS: u32 = 4_000_000;
 
 impl FenceKeys {
-    pub fn new(prefix: &str) -> Self {
+    pub fn new(prefix: &str, per_slot: bool) -> Self {
         FenceKeys {
             prefix: prefix.to_owned(),
+            per_slot,
+            single: OnceLock::new(),
             table: OnceLock::new(),
         }
     }
 
-    /// The counter and floor keys of the lock `keys`, in the lock key's slot.
-    pub fn of(&self, keys: &LockKeys) -> [String; 2] {
+    /// The counter and floor keys of the lock `keys` (in the lock key's slot).
+    pub fn of(&self, keys: &LockKeys) -> [Arc<str>; 2] {
+        if !self.per_slot {
+            let [counter, floor] = self.single.get_or_init(|| {
+                let counter = format!("{{{}fence}}", self.prefix);
+                let floor = format!("{counter}:floor");
+                [counter.into(), floor.into()]
+            });
+            return [counter.clone(), floor.clone()];
+        }
         let shared = !self.prefix.contains(['{', '}']);
         let n = if shared {
             self.table()[usize::from(key_slot(keys.key.as_bytes()))]
@@ -174,11 +194,11 @@ impl FenceKeys {
             u32::MAX
         };
         if n == u32::MAX {
-            return [keys.aux("fence"), keys.aux("floor")];
+            return [keys.aux("fence").into(), keys.aux("floor").into()];
         }
         let counter = format!("{{{}fence:{n}}}", self.prefix);
         let floor = format!("{counter}:floor");
-        [counter, floor]
+        [counter.into(), floor.into()]
     }
 
     fn table(&self) -> &[u32] {
@@ -203,20 +223,26 @@ impl FenceKeys {
 }
 
 /// Whether `key` is one of the shared fencing counters of `prefix` or its floor —
-/// `{<prefix>fence:<n>}` or `{<prefix>fence:<n>}:floor` (see [`FenceKeys`]) — and so
-/// not a lock. (Under a prefix with braces the counters are auxiliary keys of each
-/// lock, `<lock key>:fence` and `<lock key>:floor`.)
+/// `{<prefix>fence}` on one server, `{<prefix>fence:<n>}` on a Cluster, each with its
+/// `:floor` (see [`FenceKeys`]) — and so not a lock. (Under a prefix with braces a
+/// Cluster's counters are auxiliary keys of each lock, `<lock key>:fence` and
+/// `<lock key>:floor`.)
 pub(crate) fn is_fence_counter(prefix: &str, key: &str) -> bool {
     let Some(rest) = key
         .strip_prefix('{')
         .and_then(|k| k.strip_prefix(prefix))
-        .and_then(|k| k.strip_prefix("fence:"))
+        .and_then(|k| k.strip_prefix("fence"))
     else {
         return false;
     };
     let rest = rest.strip_suffix(":floor").unwrap_or(rest);
-    rest.strip_suffix('}')
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    match rest.strip_suffix('}') {
+        Some("") => true,
+        Some(n) => n
+            .strip_prefix(':')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
 }
 
 /// Decimal digits of a `u32` without allocating.
@@ -289,7 +315,7 @@ mod tests {
     #[test]
     fn every_slot_has_a_fencing_counter_in_it() {
         for prefix in ["redlease:", "", "app:locks/"] {
-            let fence = FenceKeys::new(prefix);
+            let fence = FenceKeys::new(prefix, true);
             let table = fence.table();
             assert!(
                 table.iter().all(|&n| n < MAX_COUNTERS),
@@ -313,23 +339,31 @@ mod tests {
             ("", "ü-ñ-名前"),
         ] {
             let keys = LockKeys::new(prefix, name).unwrap();
-            let [counter, floor] = FenceKeys::new(prefix).of(&keys);
+            let [counter, floor] = FenceKeys::new(prefix, true).of(&keys);
             assert_eq!(slot(&counter), slot(&keys.key), "{prefix}{name}: {counter}");
             assert_eq!(slot(&floor), slot(&keys.key), "{prefix}{name}: {floor}");
-            assert_ne!(counter, keys.key);
+            assert_ne!(&*counter, keys.key);
         }
         let keys = LockKeys::new("redlease:", "deploy").unwrap();
-        let [counter, floor] = FenceKeys::new("redlease:").of(&keys);
+        let [counter, floor] = FenceKeys::new("redlease:", true).of(&keys);
         assert!(
             counter.starts_with("{redlease:fence:") && counter.ends_with('}'),
             "{counter}"
         );
-        assert_eq!(floor, format!("{counter}:floor"));
+        assert_eq!(&*floor, format!("{counter}:floor"));
         let keys = LockKeys::new("{tenant}:", "x").unwrap();
         assert_eq!(
-            FenceKeys::new("{tenant}:").of(&keys),
-            ["{tenant}:x:fence".to_owned(), "{tenant}:x:floor".to_owned()]
+            FenceKeys::new("{tenant}:", true).of(&keys),
+            [Arc::from("{tenant}:x:fence"), Arc::from("{tenant}:x:floor")]
         );
+        // On a single server, one pair for the prefix.
+        for name in ["deploy", "other"] {
+            let keys = LockKeys::new("redlease:", name).unwrap();
+            assert_eq!(
+                FenceKeys::new("redlease:", false).of(&keys),
+                [Arc::from("{redlease:fence}"), Arc::from("{redlease:fence}:floor")]
+            );
+        }
     }
 
     #[test]
@@ -388,10 +422,11 @@ mod tests {
 
     #[test]
     fn fence_counters_are_recognised() {
-        let fences = FenceKeys::new("redlease:");
         let keys = LockKeys::new("redlease:", "deploy").unwrap();
-        for key in fences.of(&keys) {
-            assert!(is_fence_counter("redlease:", &key), "{key}");
+        for per_slot in [false, true] {
+            for key in FenceKeys::new("redlease:", per_slot).of(&keys) {
+                assert!(is_fence_counter("redlease:", &key), "{key}");
+            }
         }
         assert!(is_fence_counter("", "{fence:12}:floor"));
         for not in [

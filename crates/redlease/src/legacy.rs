@@ -325,6 +325,7 @@ impl LegacyLock {
                                 remaining,
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             queued: false,
                         })

@@ -123,7 +123,7 @@ impl RwLock {
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(RwLock {
             shared: Arc::new(RwShared {
-                fence_keys: [counter.into(), floor.into()],
+                fence_keys: [counter, floor],
                 base,
                 meta: keys.aux("meta").into(),
                 readers: keys.aux("readers").into(),
@@ -386,6 +386,7 @@ impl RwLock {
                                 remaining: ms(int(remaining)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // A waiting writer's registration must be withdrawn.
                             queued: waits,

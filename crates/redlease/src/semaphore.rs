@@ -282,6 +282,7 @@ impl Semaphore {
                             // local waiter that needs fewer may use the wake-up.
                             pass_on: int(free).unwrap_or(0) > 0,
                             mark: None,
+                            foreign: false,
                         },
                         queued: false,
                     }),

@@ -104,7 +104,7 @@ async fn every_key_of_a_lock_shares_its_slot_and_the_key_stays_plain() {
             stored.contains(&key)
                 && stored
                     .iter()
-                    .any(|k| k.starts_with("{redlease:fence:") && k.ends_with("}:floor"))
+                    .any(|k| k.starts_with("{redlease:fence") && k.ends_with("}:floor"))
                 && (2..=3).contains(&stored.len()),
             "lock key, fencing counter and floor: {stored:?}"
         );

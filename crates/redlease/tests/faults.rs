@@ -227,7 +227,7 @@ async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
     let floor = keys
         .iter()
         .map(|(k, _)| k.clone())
-        .find(|k| k.starts_with("{redlease:fence:") && k.ends_with("}:floor"))
+        .find(|k| k.starts_with("{redlease:fence") && k.ends_with("}:floor"))
         .unwrap_or_else(|| panic!("a fencing floor: {keys:?}"));
     let counter = floor.strip_suffix(":floor").unwrap().to_owned();
     let _: () = redis::cmd("DEL")

@@ -93,7 +93,7 @@ async fn the_bad_input_table() {
     let keys = all_keys(&mut conn).await;
     assert!(
         keys.iter()
-            .all(|(k, t)| (k.starts_with("{redlease:fence:") || k.starts_with("{fence:")) && *t > 0),
+            .all(|(k, t)| (k.starts_with("{redlease:fence") || k.starts_with("{fence")) && *t > 0),
         "{keys:?}"
     );
 

@@ -104,7 +104,7 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
             let keys = all_keys(&mut conn).await;
             let floor = keys
                 .iter()
-                .find(|(k, _)| k.starts_with("{redlease:fence:") && k.ends_with("}:floor"))
+                .find(|(k, _)| k.starts_with("{redlease:fence") && k.ends_with("}:floor"))
                 .unwrap_or_else(|| panic!("a fencing floor: {keys:?}"));
             counter = floor.0.strip_suffix(":floor").unwrap().to_owned();
         }
@@ -144,7 +144,7 @@ async fn key_layout_is_plain_and_nothing_lives_forever() {
     assert_eq!(names[0], "redlease:layout", "{names:?}");
     let floor = names.last().unwrap();
     assert!(
-        floor.starts_with("{redlease:fence:") && floor.ends_with("}:floor"),
+        floor.starts_with("{redlease:fence") && floor.ends_with("}:floor"),
         "{names:?}"
     );
     assert!(
@@ -158,7 +158,7 @@ async fn key_layout_is_plain_and_nothing_lives_forever() {
     // lock in it) lives 100 ms from when it was made, its floor a day.
     let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
     assert!(
-        names.len() <= 2 && names.iter().all(|k| k.starts_with("{redlease:fence:")),
+        names.len() <= 2 && names.iter().all(|k| k.starts_with("{redlease:fence")),
         "{keys:?}"
     );
     for (key, ttl) in &keys {
@@ -858,4 +858,56 @@ async fn the_clients_connection_serves_the_applications_commands() {
     assert!(guard.is_held());
     let _: i64 = conn.get("app:counter").await.unwrap();
     guard.release().await.unwrap();
+}
+
+/// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,
+/// or a key without a TTL — gets in soon after that holder deletes the key, although
+/// nothing announces the release: it polls such a holder. (Without polling it would
+/// wait out the foreign lease: 10 s here, or its own TTL for a key without one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
+        let key = format!("redlease:{name}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+        if let Some(ms) = ttl {
+            set.arg("PX").arg(ms);
+        }
+        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
+        assert_eq!(taken.as_deref(), Some("OK"));
+        let waiter = tokio::spawn({
+            let mutex = client.mutex(name).unwrap();
+            async move {
+                let guard = mutex.lock_timeout(Duration::from_secs(8)).await;
+                (guard, Instant::now())
+            }
+        });
+        // The waiter has registered (and found the holder foreign) before the holder
+        // lets go.
+        let q = format!("{{{key}}}:q");
+        eventually(5.0, "the waiter registered", || {
+            let mut conn = conn.clone();
+            let q = q.clone();
+            async move {
+                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+                n == 1
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await; // into the longer polls
+        assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
+        del(&mut conn, &[&key]).await;
+        let released = Instant::now();
+        let (guard, acquired_at) = within(10.0, "the waiter", waiter).await.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = acquired_at - released;
+        assert!(
+            after < Duration::from_millis(150),
+            "{name}: in {after:?} after the foreign release, not after the foreign lease"
+        );
+        guard.release().await.unwrap();
+    }
 }

@@ -33,11 +33,11 @@ pub fn all_keys(server: &RedisServer) -> Vec<String> {
     keys
 }
 
-/// Every key in the server but the fencing counters and floors of the hash slots
-/// (`{redlease:fence:<n>}`, shared by every plain mutex of a slot), sorted.
+/// Every key in the server but the fencing counter and floor of the plain mutexes
+/// (`{redlease:fence}` and its floor, shared by every plain mutex), sorted.
 pub fn lock_keys(server: &RedisServer) -> Vec<String> {
     let mut keys = all_keys(server);
-    keys.retain(|k| !k.starts_with("{redlease:fence:"));
+    keys.retain(|k| !k.starts_with("{redlease:fence"));
     keys
 }
 

@@ -40,7 +40,16 @@ pub(crate) struct Busy {
     /// primitive reports it: a hand-over with a fence not above it was made before
     /// the attempt, and is stale (the attempt would have found the lock ours).
     pub mark: Option<u64>,
+    /// The holder is not a client whose release wakes waiters (another library's lock,
+    /// or a key without a TTL): the waiter polls, backing off from a few milliseconds
+    /// to [`POLL_MAX`], instead of waiting for a wake-up that will not come.
+    pub foreign: bool,
 }
+
+/// The first and the longest pause between the attempts of a waiter that polls a
+/// foreign holder.
+const POLL_FIRST: Duration = Duration::from_millis(4);
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// How an acquire waits.
 pub(crate) struct Waiting<'a> {
@@ -86,6 +95,8 @@ where
     // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
     // so a wake-up is passed on only by waiters that had not yet tried since it came.
     let mut previous = None;
+    // The next pause when polling a foreign holder.
+    let mut poll = POLL_FIRST;
     loop {
         let seen = sub.as_ref().map(Subscription::generation);
         let outcome = attempt(deadline).await;
@@ -98,12 +109,12 @@ where
                 d.settle();
             }
         }
-        let remaining = match outcome? {
+        let (remaining, foreign) = match outcome? {
             Attempt::Acquired(value) => {
                 tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "acquired");
                 return Ok(value);
             }
-            Attempt::Busy(busy) => busy.remaining,
+            Attempt::Busy(busy) => (busy.remaining, busy.foreign),
         };
         if !spec.wait.waits() {
             return Err(Error::Contended {
@@ -129,6 +140,15 @@ where
             continue;
         };
         let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
+        let fallback = if foreign {
+            // Nobody will announce this holder's release: look again soon.
+            let pause = poll.min(fallback);
+            poll = (poll * 2).min(POLL_MAX);
+            pause
+        } else {
+            poll = POLL_FIRST;
+            fallback
+        };
         let wake_at = Deadline::At(later(now, fallback.saturating_add(jitter(fallback)))).min(deadline);
         let granted = async {
             match grant.as_mut() {
@@ -266,6 +286,7 @@ impl Reply {
                 remaining,
                 pass_on: false,
                 mark: None,
+                foreign: false,
             },
             queued: false,
         }

@@ -68,7 +68,7 @@ impl Context {
             conn,
             notifier,
             locals: Locals::default(),
-            fence_keys: FenceKeys::new(&prefix),
+            fence_keys: FenceKeys::new(&prefix, topology.is_cluster()),
             prefix,
             label: label.into(),
             retention_arg: retention.as_millis().to_string().into(),

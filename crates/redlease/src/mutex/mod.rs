@@ -108,7 +108,7 @@ impl Mutex {
         let base = LockBase::new(ctx, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
-        let (counter, floor): (Arc<str>, Arc<str>) = (counter.into(), floor.into());
+
         Ok(Mutex {
             shared: Arc::new(MutexShared {
                 channel: keys.aux("wake").into(),
@@ -259,6 +259,99 @@ impl Mutex {
 
     /// Acquires through Redis with `token` (as this client's representative).
     async fn acquire_through_redis(&self, token: Token, wait: Wait) -> Result<GuardCore> {
+        // A free lock first, without a script.
+        let pending = match self.acquire_free(&token, wait.deadline()).await? {
+            Free::Acquired(core) => return Ok(core),
+            Free::Not(pending) => pending,
+        };
+        let core = self.acquire_scripted(token, wait).await?;
+        if let Some(claim) = pending {
+            claim.disarm();
+        }
+        Ok(core)
+    }
+
+    /// Takes the lock if it is free in one round trip without a script: `SET NX PX` and
+    /// `INCR` of the fencing counter, pipelined. The fencing token is as good as one
+    /// issued by a script: the INCR runs after the SET that took the lock (same
+    /// connection, in order) and before the release that frees it (sent after the
+    /// reply), so tokens rise with the acquisitions. Anything else — the lock is taken
+    /// (or is ours already: a retry after a lost reply), the counter must be seeded
+    /// (see `mark.lua`) — is left to the acquire script, which answers it in full. On a
+    /// Redis Cluster, where a slot migration can split the two commands between nodes,
+    /// and under a replica policy, the script does it all.
+    ///
+    /// `Free::Not` carries the claim on a lock an attempt may have taken, for the
+    /// caller to keep until the script acquired (it then disarms it) or gave up (then
+    /// dropping it releases the lock in the background).
+    async fn acquire_free(&self, token: &Token, deadline: Deadline) -> Result<Free> {
+        let s = &*self.shared;
+        if s.base.ctx.topology.is_cluster() || s.base.options.replica_ack.is_some() {
+            return Ok(Free::Not(None));
+        }
+        let (key, counter) = (&s.keys[0], &s.keys[1]);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&**key)
+            .arg(token.expose())
+            .arg("NX")
+            .arg("PX")
+            .arg(&*s.ttl_arg)
+            .cmd("INCR")
+            .arg(&**counter);
+        let claim = s.base.claim(self.release_call(token));
+        claim.arm();
+        let op = s.base.op("acquire");
+        let conn = &*s.base.ctx.conn;
+        let (replies, sent) = op
+            .retrying(deadline, Some(&claim), || conn.send_pipeline(&pipe))
+            .await?;
+        let [set, incr] = &replies[..] else {
+            return Err(op.bad_reply());
+        };
+        let taken = match set {
+            Ok(Value::Nil) => false,
+            Ok(Value::Okay) => true,
+            Ok(Value::SimpleString(ok)) if ok == "OK" => true,
+            Ok(_) => return Err(op.bad_reply()),
+            Err(e) => return Err(op.error(e.clone())),
+        };
+        if !taken {
+            // Held by someone else (or by us: a retried SET after a lost reply).
+            claim.answered_no();
+            return Ok(Free::Not(Some(claim)));
+        }
+        let fence = match incr {
+            Ok(v) => int(v).and_then(|f| u64::try_from(f).ok()),
+            Err(e) => {
+                // A counter key of another type: give the lock back at once.
+                let _ = op.call(&self.release_call(token), deadline, None).await;
+                claim.disarm();
+                return Err(op.error(e.clone()));
+            }
+        };
+        match fence {
+            Some(fence) if fence > SEEDED => {
+                let core = s.base.hold(Held {
+                    token: token.clone(),
+                    fence: Some(fence),
+                    sent,
+                    remaining: s.base.options.ttl,
+                    renew: self.renew_call(token),
+                    release: self.release_call(token),
+                });
+                claim.disarm();
+                tracing::debug!(lock = %s.base.name, fence, "acquired");
+                Ok(Free::Acquired(core))
+            }
+            // Ours, but the counter is not seeded yet: the script seeds it and gives us
+            // a fencing token.
+            _ => Ok(Free::Not(Some(claim))),
+        }
+    }
+
+    /// Acquires through Redis with the acquire script.
+    async fn acquire_scripted(&self, token: Token, wait: Wait) -> Result<GuardCore> {
         let s = &*self.shared;
         // Waiters register, so that a release wakes them: for a hand-over (kind ' '),
         // unless the lock waits for replicas, which a hand-over would skip; then only to
@@ -454,6 +547,18 @@ impl Mutex {
     }
 }
 
+/// Every fencing token is above this (2^50): a counter below it was made by a pipelined
+/// `INCR` and still has to be seeded (see `mark.lua`).
+const SEEDED: u64 = 1 << 50;
+
+/// What [`Mutex::acquire_free`] found.
+enum Free {
+    Acquired(GuardCore),
+    /// Not acquired without the script, with the claim on what the attempt may have
+    /// left behind.
+    Not(Option<crate::engine::request::Claim>),
+}
+
 /// How long a lock a release hands to a waiter holds before the waiter extends it: the
 /// longest a waiter that died after registering can hold up the lock.
 fn grant_claim(ttl: Duration) -> Duration {
@@ -475,11 +580,12 @@ fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply>
     }
     match array(reply).unwrap_or_default() {
         [flag, pttl] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(pttl)))),
-        [flag, pttl, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
+        [flag, pttl, mark, foreign] if int(flag) == Some(0) => Ok(Reply::Busy {
             busy: Busy {
                 remaining: ms(int(pttl)),
                 pass_on: false,
                 mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                foreign: int(foreign) == Some(1),
             },
             queued: false,
         }),

@@ -36,10 +36,12 @@ local function take_fence(counter, floor)
   if fence >= 9007199254740990 then
     return {err = 'ERR redlease fencing mark exhausted'}
   end
-  if fence ~= 1 then
+  if fence > 1125899906842624 then
     return fence
   end
-  -- The counter was missing (INCR just made it 1): seed it.
+  -- The counter was missing (INCR just made it 1; the plain mutex's pipelined INCR,
+  -- which cannot seed it, may have made it a few more): seed it. Every seed is above
+  -- 2^50 (Redis time in microseconds is, since 2005).
   local t = redis.call('TIME')
   fence = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local previous = redis.pcall('GET', floor)

@@ -20,10 +20,14 @@
 --        {1, fence, pttl}  already ours — a retry after a lost reply, or a lock a release
 --                          handed us — with a fresh fencing token and what is left
 --        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none)
---        {0, pttl, mark}   the same for a registering waiter, pttl at most half the
+--        {0, pttl, mark, foreign}
+--                          the same for a registering waiter, pttl at most half the
 --                          registration's life (it must try again before that lapses),
---                          with the slot's fencing mark (a decimal string): a hand-over
---                          with a higher fence was made after this attempt ran
+--                          with the slot's fencing mark (a decimal string, false when
+--                          none): a hand-over with a higher fence was made after this
+--                          attempt ran; foreign is 1 when the holder is not a redlease
+--                          plain mutex (its token is not "<32 hex>@<label>", or the key
+--                          has no TTL), whose release announces nothing: the waiter polls
 --
 -- Two calls when the lock is free: SET NX and INCR. Nothing is left half-done: SET NX
 -- on a key of another type just fails (the GET that follows raises WRONGTYPE before
@@ -61,7 +65,11 @@ redis.call('PEXPIRE', KEYS[4], life, 'GT')
 if redis.call('PTTL', KEYS[4]) == -1 then
   redis.call('PEXPIRE', KEYS[4], life)
 end
+local foreign = 0
+if pttl == -1 or string.byte(current, 33) ~= 64 then
+  foreign = 1
+end
 if pttl < 0 or pttl > life / 2 then
   pttl = math.floor(life / 2)
 end
-return {0, pttl, fence_mark(KEYS[2], KEYS[3])}
+return {0, pttl, fence_mark(KEYS[2], KEYS[3]) or false, foreign}

@@ -87,10 +87,10 @@ pub async fn all_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(Stri
 }
 
 /// Every key with its PTTL, like [`all_keys`], but the fencing counters and floors of
-/// the hash slots (`{redlease:fence:<n>}`, shared by every lock of a slot).
+/// the plain mutexes (`{redlease:fence}` and its floor; on a cluster one pair per slot).
 pub async fn keys_but_fencing(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
     let mut keys = all_keys(conn).await;
-    keys.retain(|(k, _)| !k.starts_with("{redlease:fence:"));
+    keys.retain(|(k, _)| !k.starts_with("{redlease:fence"));
     keys
 }
 
