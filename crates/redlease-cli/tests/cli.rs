@@ -306,12 +306,12 @@ fn absurd_durations_exit_2_naming_the_flag_and_its_range() {
             (
                 &["--response-timeout", long, "status", "x"],
                 "--response-timeout",
-                "0s to 30 days",
+                "1ms to 30 days",
             ),
             (
                 &["run", "x", "--response-timeout", long, "--", "touch", m],
                 "--response-timeout",
-                "0s to 30 days",
+                "1ms to 30 days",
             ),
             (
                 &[
