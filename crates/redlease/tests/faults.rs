@@ -154,11 +154,17 @@ async fn a_paused_server_makes_the_lease_expire_on_the_client_first() {
     server.resume();
     assert_eq!(reason, LostReason::Expired);
     assert!(!guard.is_held());
-    // It fired no later than the lease could have ended on the server.
+    // The holder stopped believing in its lease before the lease could have ended on the
+    // server (is_held() turns false at valid_until), and was told promptly after: the
+    // margin only absorbs this process being scheduled late on a busy machine.
     assert!(
-        fired.duration_since(paused) <= ttl + Duration::from_millis(100),
-        "{:?}",
-        fired - paused
+        valid_until <= paused + ttl,
+        "valid_until past the server's expiry"
+    );
+    assert!(
+        fired <= valid_until + Duration::from_millis(500),
+        "lost() fired {:?} after valid_until",
+        fired - valid_until
     );
     assert!(
         fired + Duration::from_millis(50) >= valid_until,

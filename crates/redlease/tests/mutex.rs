@@ -719,7 +719,7 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
     let other = client(&url).await;
     // A short lease, so that a hand-over's claim window is short too.
     let opts = LeaseOptions::default().ttl(Duration::from_millis(300));
-    for round in 0..6 {
+    for round in 0..8 {
         let name = format!("stale-grant-{round}");
         let first = holder.mutex_with(&name, opts).unwrap().lock().await.unwrap();
         // The waiter: its own client on its own single thread, which the test stalls.
@@ -787,6 +787,22 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         )
         .await;
         assert!(exists(&mut conn, &key).await);
+        if round % 2 == 1 {
+            // As if another client's pipelined INCR had just found the fencing counter
+            // expired: it reads 1 until a script seeds it. The waiter's next attempt
+            // must not take that for the fencing mark.
+            let _: () = redis::cmd("DEL")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let one: i64 = redis::cmd("INCR")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(one, 1);
+        }
         assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("running"));
         // Give the waiter time to act on what it found when it woke up.
         tokio::time::sleep(Duration::from_millis(300)).await;
