@@ -172,6 +172,14 @@ pub struct TopologyArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD while holding a lock, renewing its lease until CMD exits (like flock(1))
+    ///
+    /// With several NAMEs, holds all of them at once: each is the plain lock of that
+    /// name, and they are taken all or none — never holding some while waiting for the
+    /// others, so commands that list the same names in different orders cannot
+    /// deadlock. CMD then gets REDLEASE_FENCE_1, REDLEASE_FENCE_2, … (the fencing token
+    /// of each NAME, in the order given), REDLEASE_NAME_1, … and REDLEASE_KEY_1, …;
+    /// REDLEASE_NAME and REDLEASE_KEY list the names and keys joined with '+', and
+    /// REDLEASE_FENCE is not set (no single token fences several resources).
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
 
@@ -289,6 +297,30 @@ impl NameArg {
     }
 }
 
+/// The NAMEs `run` holds: positional arguments, and `--name NAME` (repeatable) for names
+/// that start with `-`.
+#[derive(Debug, Clone, Args)]
+#[group(id = "lock_names", required = true, multiple = true)]
+pub struct NamesArg {
+    /// The lock's name; the key is <PREFIX><NAME>. Give several to hold them all. At most
+    /// 1024 bytes, no control characters, no unbalanced '{' or '}'. A NAME that starts
+    /// with '-' goes in --name
+    #[arg(value_name = "NAME", value_parser = name, num_args = 1..)]
+    positional: Vec<String>,
+
+    /// A name, as an option: for a NAME that starts with '-' (--name -dash or
+    /// --name=-dash); may be given several times
+    #[arg(long = "name", value_name = "NAME", value_parser = name, allow_hyphen_values = true, action = ArgAction::Append)]
+    option: Vec<String>,
+}
+
+impl NamesArg {
+    /// Every name, positional ones first, in the order given.
+    pub fn all(&self) -> Vec<String> {
+        self.positional.iter().chain(&self.option).cloned().collect()
+    }
+}
+
 /// How long to wait for a held lock.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct WaitArgs {
@@ -332,7 +364,7 @@ pub struct ChildArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub name: NameArg,
+    pub names: NamesArg,
 
     /// Take the lock in arrival order (a FIFO queue across all clients)
     #[arg(long, conflicts_with = "legacy")]

@@ -184,6 +184,22 @@ fn a_name_starting_with_a_dash_is_addressable_by_every_command() {
         let out = json(&output(at(&server, args)));
         assert_eq!(out[field], "-dash", "{args:?}: {out}");
     }
+    // `run` holds several names: positional ones first, then each --name.
+    let out = output(at(
+        &server,
+        &[
+            "run",
+            "plain",
+            "--name",
+            "-dash",
+            "--name=-two",
+            "--",
+            "sh",
+            "-c",
+            "echo $REDLEASE_NAME",
+        ],
+    ));
+    assert_eq!((out.code, out.stdout.trim()), (0, "plain+-dash+-two"), "{out:?}");
     // The name once, not both ways; and a positional name still works.
     let out = output(at(&server, &["status", "x", "--name", "y"]));
     assert_eq!(out.code, 2, "{out:?}");

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::fair::FairMutex;
 use crate::keys;
 use crate::legacy::{LegacyLock, LegacyOptions};
+use crate::multi::MultiLock;
 use crate::mutex::Mutex;
 use crate::options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, LeaseOptions,
@@ -227,6 +228,49 @@ impl Client {
         Mutex::new(self.ctx.clone(), name, options)
     }
 
+    /// A lock over several names at once, taken all or none, with default options
+    /// (30 s lease, auto-renew). Each name is exactly the plain [`mutex`](Client::mutex)
+    /// of that name, with its own fencing token; see [`MultiLock`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a name as for [`mutex`](Client::mutex);
+    /// [`Error::InvalidArgument`] for an empty list or a name given twice.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redlease::Client) -> Result<(), redlease::Error> {
+    /// let guard = client.multi_lock(["inventory", "orders"])?.lock().await?;
+    /// println!("fencing tokens {:?}", guard.fences());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn multi_lock<I>(&self, names: I) -> Result<MultiLock>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.multi_lock_with(names, LeaseOptions::default())
+    }
+
+    /// A lock over several names with the given lease options (one lease for all of
+    /// them).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::InvalidTtl`] or [`Error::InvalidArgument`] (an
+    /// empty list, a name given twice, or a [`ReplicaAck`](crate::ReplicaAck) policy,
+    /// which a lock over several names does not support).
+    pub fn multi_lock_with<I>(&self, names: I, options: LeaseOptions) -> Result<MultiLock>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        MultiLock::new(self.ctx.clone(), names, options)
+    }
+
     /// A lock in the old `SETNX <unix time + timeout + 1>` format at key
     /// `<prefix><name>`, shared with unmodified old clients. An interop mode with
     /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`]. Names follow
@@ -416,8 +460,9 @@ impl redis::aio::ConnectionLike for SharedConnection {
 pub struct ClientStats {
     /// Renewal ticks run: each renews every lease due at that moment in one batch.
     pub renewal_ticks: u64,
-    /// Round trips those ticks made: one per tick (per node on a cluster), plus the
-    /// reloads after a server forgot its scripts.
+    /// Round trips those ticks made: one per tick (per node on a cluster), one more per
+    /// node for each [`MultiLock`] renewed in the tick, plus the reloads after a server
+    /// forgot its scripts.
     pub renewal_round_trips: u64,
     /// Lease renewals that succeeded.
     pub leases_renewed: u64,

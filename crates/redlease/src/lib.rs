@@ -12,6 +12,10 @@
 //! - [`RwLock`]: many readers or one writer, writer-preferring; every share its own lease.
 //! - [`Semaphore`] / [`Permit`]: N permits per name, each acquisition a lease that comes
 //!   back when its holder stops renewing it.
+//! - [`MultiLock`] / [`MultiLockGuard`]: several names held as one, taken all or none —
+//!   each name exactly the plain [`Mutex`] of that name, with its own fencing token —
+//!   without ever holding one name while waiting for another, so takers of overlapping
+//!   sets cannot deadlock; across the masters of a Redis Cluster too.
 //! - [`Election`] / [`Leadership`]: leader election — one leader among candidates,
 //!   for a term that is a fencing token; the value it publishes ([`Leader`]), and a
 //!   stream of changes ([`Observer`], [`LeaderEvent`]).
@@ -43,8 +47,8 @@
 //!   look like, for [`Client::list`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
-//!   `legacy`, `redlock`, `election`: only what is specific to each, its keys,
-//!   scripts, reply shapes and waiting policy;
+//!   `legacy`, `redlock`, `election`, `multi`: only what is specific to each, its
+//!   keys, scripts, reply shapes and waiting policy;
 //! - `engine/`: the lease engine — leases and their ordering, the renewal task,
 //!   wake-ups, the acquire loop, requests with retries and deadlines, and the one
 //!   guard core every guard is built on;
@@ -153,6 +157,7 @@ pub use token::{FencingToken, Token};
 mod election;
 mod fair;
 mod legacy;
+mod multi;
 mod mutex;
 pub mod optimistic;
 mod redlock;
@@ -162,6 +167,7 @@ mod semaphore;
 pub use election::{Election, Leader, LeaderEvent, Leadership, MAX_LEADER_VALUE_LEN, Observer};
 pub use fair::{FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
+pub use multi::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};

@@ -214,7 +214,9 @@ async fn no_lost_update_on_three_masters_with_sharded_wakeups() {
                         .query_async(&mut conn)
                         .await
                         .unwrap();
-                    tokio::task::yield_now().await;
+                    // Held a while, so that the other client's waiter is seen subscribed
+                    // (a hand-over without a hold is over between two samples).
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     let _: () = redis::cmd("SET")
                         .arg(&counter)
                         .arg(v.unwrap_or(0) + 1)

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! public face   client, acl, list                (and lib.rs)
-//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, optimistic/,
+//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/,
 //!               election/
 //! engine/       the lease engine
 //! script/       scripts, running them, reading replies
@@ -26,6 +26,7 @@ const PRIMITIVES: &[&str] = &[
     "semaphore",
     "legacy",
     "redlock",
+    "multi",
     "optimistic",
     "election",
 ];

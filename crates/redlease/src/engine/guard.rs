@@ -57,7 +57,9 @@ pub trait Guard: Send + Sync + std::fmt::Debug {
     fn key(&self) -> &str;
 
     /// The fencing token of this acquisition, for the kinds of lock that issue one
-    /// (the plain and fair mutex, a read-write lock's writer); `None` for the others.
+    /// (the plain and fair mutex, a read-write lock's writer); `None` for the others,
+    /// and for a lock over several names, which has one per name
+    /// ([`MultiLockGuard::fences`](crate::MultiLockGuard::fences)).
     fn fence(&self) -> Option<FencingToken>;
 
     /// The lease; clone it to watch for loss from another task.

@@ -128,6 +128,24 @@ const LEGACY: &str = include_str!("legacy.lua");
 const EXPIRY: &str = include_str!("expiry.lua");
 const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
 
+/// The plain mutex's steps as local Lua functions taking that script's `KEYS` and
+/// `ARGV`, for the scripts that apply a step to several names at once: each name then
+/// gets exactly what a plain mutex of that name gets, whatever its scripts write.
+macro_rules! step {
+    ($file:literal) => {
+        concat!(
+            "local function ",
+            $file,
+            "(KEYS, ARGV)\n",
+            include_str!(concat!($file, ".lua")),
+            "\nend\n"
+        )
+    };
+}
+const MUTEX_ACQUIRE_STEP: &str = step!("mutex_acquire");
+const MUTEX_EXTEND_STEP: &str = step!("mutex_extend");
+const MUTEX_RELEASE_STEP: &str = step!("mutex_release");
+
 macro_rules! script {
     ($static:ident, $file:literal) => {
         pub(crate) static $static: LazyLock<LuaScript> =
@@ -187,6 +205,10 @@ script!(ELECTION_RESIGN, "election_resign", [EXPIRY]);
 script!(ELECTION_PROCLAIM, "election_proclaim", [EXPIRY]);
 script!(ELECTION_STATUS, "election_status");
 
+script!(MULTI_ACQUIRE, "multi_acquire", [MARK, MUTEX_ACQUIRE_STEP]);
+script!(MULTI_EXTEND, "multi_extend", [MUTEX_EXTEND_STEP]);
+script!(MULTI_RELEASE, "multi_release", [MARK, MUTEX_RELEASE_STEP]);
+
 /// Every script, for preloading.
 pub(crate) fn all() -> Vec<&'static LuaScript> {
     vec![
@@ -224,6 +246,9 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &ELECTION_RESIGN,
         &ELECTION_PROCLAIM,
         &ELECTION_STATUS,
+        &MULTI_ACQUIRE,
+        &MULTI_EXTEND,
+        &MULTI_RELEASE,
     ]
 }
 
