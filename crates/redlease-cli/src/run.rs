@@ -28,13 +28,14 @@ use crate::wait::{Taker, Taking, after, until};
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
 pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
-    if args.names.len() > 1 {
+    if args.names.all().len() > 1 {
         return several(global, args).await;
     }
     // Catch signals before anything is taken, so none can kill redlease mid-way.
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let (c, name) = (&args.child, args.names[0].as_str());
+    let names = args.names.all();
+    let (c, name) = (&args.child, names[0].as_str());
     let taker = Taker {
         name,
         taking: Taking::Lock,
@@ -97,6 +98,7 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
 /// `REDLEASE_NAME_<i>`, `REDLEASE_KEY_<i>` and `REDLEASE_FENCE_<i>` for the i-th name
 /// (from 1, in the order given); `REDLEASE_NAME` and `REDLEASE_KEY` join them with `+`.
 async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
+    let names = args.names.all();
     let one_name_only = [
         (args.fair, "--fair"),
         (args.legacy, "--legacy"),
@@ -106,7 +108,7 @@ async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     if let Some((_, flag)) = one_name_only.into_iter().find(|(given, _)| *given) {
         return Err(Failure::new(
             exit::USAGE,
-            format!("{flag} takes one NAME, and {} were given", args.names.len()),
+            format!("{flag} takes one NAME, and {} were given", names.len()),
         )
         .hint(format!("leave out {flag} to hold several NAMEs as plain locks")));
     }
@@ -115,9 +117,9 @@ async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     let c = &args.child;
     let client = connect(global).await?;
     let lock = client
-        .multi_lock_with(&args.names, LeaseOptions::new().ttl(c.ttl))
+        .multi_lock_with(&names, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
-    let label = args.names.join("+");
+    let label = names.join("+");
     let taker = Taker {
         name: &label,
         taking: Taking::Lock,
@@ -145,11 +147,11 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let sem = client
-        .semaphore_with(&args.name, args.permits, LeaseOptions::new().ttl(c.ttl))
+        .semaphore_with(args.name.get(), args.permits, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let n = args.count;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -173,10 +175,10 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let lock = client
-        .rwlock_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .rwlock_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -206,10 +208,10 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<ExitCode, Failure
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let election = client
-        .election_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .election_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Leadership,
         wait: &c.wait,
         signals: &mut signals,
@@ -267,6 +269,7 @@ async fn supervise_with(
             command.env_remove(var);
         }
     }
+    die_with_redlease(&mut command, args.lost_signal);
     let spawned = command
         .args(rest)
         .env("REDLEASE_NAME", name)
@@ -347,6 +350,39 @@ async fn supervise_with(
         }
     }
 }
+
+/// Makes CMD get `signal` when redlease dies — SIGKILL, the OOM killer, a crash — so
+/// that it does not go on running after the lease it ran under has lapsed (Linux: a
+/// parent-death signal, set in the child between fork and exec).
+///
+/// The kernel sends it when the *thread* that forked CMD ends. redlease runs on a
+/// current-thread runtime, and `tokio::process::Command::spawn` forks on the calling
+/// thread — the main thread, which lives as long as redlease does. If redlease died
+/// before the child set the signal, the child's parent is no longer redlease: the
+/// child then refuses to run CMD at all.
+#[cfg(target_os = "linux")]
+fn die_with_redlease(command: &mut Command, signal: Signal) {
+    let parent = std::process::id() as libc::pid_t;
+    let signal = signal as libc::c_ulong;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere there is no parent-death signal: CMD outlives a redlease that is killed
+/// (the README says so).
+#[cfg(not(target_os = "linux"))]
+fn die_with_redlease(_command: &mut Command, _signal: Signal) {}
 
 /// Whether `var` is `REDLEASE_NAME_<i>`, `REDLEASE_KEY_<i>` or `REDLEASE_FENCE_<i>`.
 fn is_per_name_variable(var: &std::ffi::OsStr) -> bool {

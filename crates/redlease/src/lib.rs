@@ -30,6 +30,8 @@
 //!   assumes bounded clock drift, and gives no fencing token (see [`Redlock`] for why).
 //! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
 //! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
+//! - [`Client::list`] / [`LockInfo`]: every held lock under the prefix, of every kind,
+//!   found with `SCAN` and never showing a token.
 //! - [`Error`]: one error type; messages name the lock.
 //! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
 //!   for replicas after acquire and extend).
@@ -44,7 +46,8 @@
 //!
 //! Inside, the layers are the folders; each imports only from those below it:
 //!
-//! - the public face: `client` (the [`Client`]), `options`, `error`, and the
+//! - the public face: `client` (the [`Client`]), `list` (what every primitive's keys
+//!   look like, for [`Client::list`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
 //!   `legacy`, `redlock`, `election`, `multi`: only what is specific to each, its
@@ -100,8 +103,8 @@
 //! # Topologies
 //!
 //! - **One Redis**: [`Client::connect`] / [`Client::builder`].
-//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with seed
-//!   URLs. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
+//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with the
+//!   URLs of some of its nodes. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
 //!   the wake-up channel share its hash slot, so each operation runs on the one node
 //!   that owns the lock. Releases publish with `SPUBLISH` and waiters `SSUBSCRIBE` on
 //!   that node only (no cluster-wide broadcast). `MOVED`/`ASK` are followed and a
@@ -126,18 +129,27 @@
 
 #![warn(missing_docs)]
 
+/// The redis-rs crate redlease is built on, re-exported: its types appear in redlease's
+/// API ([`Client::builder`] takes a [`redis::Client`], [`Error::Redis`] carries a
+/// [`redis::RedisError`], [`Client::connection`] is a [`redis::aio::ConnectionLike`]),
+/// and `redlease::redis` is always the version that fits. Depend on `redis` yourself
+/// only for features redlease does not enable, with a version compatible with this one.
+pub use redis;
+
 // The public face, and the vocabulary every layer shares.
 mod acl;
 mod client;
 mod error;
 mod keys;
+mod list;
 mod options;
 mod token;
 
 pub use acl::acl_rules;
-pub use client::{Client, ClientBuilder, ClientStats};
-pub use error::{Error, Result};
+pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
+pub use error::{CertificateProblem, Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use list::{LockInfo, LockKind};
 pub use options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, DEFAULT_TTL,
     LeaseOptions, OnShortfall, ReplicaAck,

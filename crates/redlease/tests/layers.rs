@@ -3,7 +3,7 @@
 //! that `lib.rs` describes:
 //!
 //! ```text
-//! public face   client, acl                      (and lib.rs)
+//! public face   client, acl, list                (and lib.rs)
 //! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/,
 //!               election/
 //! engine/       the lease engine
@@ -30,7 +30,7 @@ const PRIMITIVES: &[&str] = &[
     "optimistic",
     "election",
 ];
-const FACE: &[&str] = &["client", "acl", "lib"];
+const FACE: &[&str] = &["client", "acl", "list", "lib"];
 
 /// The layer of a module path (`engine::guard`): higher layers may use lower ones.
 fn layer(module: &str) -> u8 {

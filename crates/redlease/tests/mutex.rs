@@ -823,6 +823,59 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
     }
 }
 
+/// The application's own commands go over the client's connection: single commands,
+/// pipelines and MULTI/EXEC transactions, beside a held lock that keeps renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_connection_serves_the_applications_commands() {
+    use redlease::redis::{self, AsyncCommands};
+
+    let server = server();
+    let client = redlease::Client::builder(redlease::redis::Client::open(server.url()).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let guard = client
+        .mutex_with(
+            "app",
+            redlease::LeaseOptions::new().ttl(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let mut conn = client.connection();
+    let _: () = conn.set("app:counter", 41).await.unwrap();
+    let n: i64 = conn.incr("app:counter", 1).await.unwrap();
+    assert_eq!(n, 42);
+    let (a, b): (i64, Option<String>) = redis::pipe()
+        .get("app:counter")
+        .get("app:missing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((a, b), (42, None));
+    let (x, y): (i64, i64) = redis::pipe()
+        .atomic()
+        .incr("app:counter", 1)
+        .incr("app:counter", 1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((x, y), (43, 44));
+    // A server error comes back as an error, and the connection goes on.
+    let err = redis::cmd("NOSUCHCOMMAND")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown command"), "{err}");
+    assert_eq!(redis::aio::ConnectionLike::get_db(&conn), 0);
+    // The lease was renewed meanwhile (300 ms TTL, renewed every 100 ms).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(guard.is_held());
+    let _: i64 = conn.get("app:counter").await.unwrap();
+    guard.release().await.unwrap();
+}
+
 /// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,
 /// or a key without a TTL — gets in soon after that holder deletes the key, although
 /// nothing announces the release: it polls such a holder. (Without polling it would

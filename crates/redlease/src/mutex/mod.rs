@@ -283,7 +283,7 @@ impl Mutex {
     /// issued by a script: the INCR runs after the SET that took the lock (same
     /// connection, in order) and before the release that frees it (sent after the
     /// reply), so tokens rise with the acquisitions. Anything else — the lock is taken
-    /// (or is ours already: a retry after a lost reply), the counter must be seeded
+    /// (or is ours already: a retry after a lost reply), the counter must be started
     /// (see `mark.lua`) — is left to the acquire script, which answers it in full. On a
     /// Redis Cluster, where a slot migration can split the two commands between nodes,
     /// and under a replica policy, the script does it all.
@@ -556,7 +556,7 @@ impl Mutex {
 }
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
-/// `INCR` and still has to be seeded (see `mark.lua`).
+/// `INCR` and still has to be started (see `mark.lua`).
 const SEEDED: u64 = 1 << 50;
 
 /// What [`Mutex::acquire_free`] found.

@@ -78,7 +78,7 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// majorities of two successive holders may share a single master, and which master
 /// that is differs from pair to pair — so no combination of per-master counters (their
 /// maximum, their sum) is guaranteed to rise, least of all after a master restarted
-/// empty. Counters seeded from clocks would need exactly the clock synchronisation a
+/// empty. Counters started from clocks would need exactly the clock synchronisation a
 /// fencing token is meant to make unnecessary. This is Martin Kleppmann's argument in
 /// "How to do distributed locking" (2016). If the protected resource can check a
 /// token, use a single-node [`Mutex`](crate::Mutex) (with replica acknowledgement for
@@ -167,12 +167,12 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] as for [`Client::mutex`](crate::Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](crate::Client#names).
     pub fn mutex(&self, name: &str) -> Result<RedlockMutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A quorum mutex with the given lease options.
+    /// A quorum mutex with the given lease options. Names follow the [name rules](crate::Client#names).
     ///
     /// # Errors
     ///

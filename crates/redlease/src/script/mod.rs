@@ -121,6 +121,8 @@ impl std::fmt::Debug for LuaScript {
 
 const FENCE: &str = include_str!("fence.lua");
 const MARK: &str = include_str!("mark.lua");
+/// The plain mutex's token format: who holds a lock key (status, list).
+const OWNER: &str = include_str!("owner.lua");
 const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
@@ -165,7 +167,7 @@ macro_rules! script {
 script!(MUTEX_ACQUIRE, "mutex_acquire", [MARK]);
 script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", [MARK]);
-script!(MUTEX_STATUS, "mutex_status", [MARK]);
+script!(MUTEX_STATUS, "mutex_status", [MARK, OWNER]);
 script!(MUTEX_HANDOFF, "mutex_handoff", [MARK]);
 script!(LEASE_EXTEND, "lease_extend");
 script!(CAS, "cas");
@@ -191,6 +193,8 @@ script!(SEM_ACQUIRE, "sem_acquire", [EXPIRY]);
 script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
 script!(SEM_RELEASE, "sem_release", [EXPIRY]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
+
+script!(LIST_LOCK, "list_lock", [OWNER]);
 
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
 script!(REDLOCK_RELEASE, "redlock_release");
@@ -234,6 +238,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_EXTEND,
         &SEM_RELEASE,
         &SEM_STATUS,
+        &LIST_LOCK,
         &REDLOCK_ACQUIRE,
         &REDLOCK_RELEASE,
         &ELECTION_CAMPAIGN,
