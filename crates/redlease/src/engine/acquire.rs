@@ -233,8 +233,10 @@ pub(crate) struct Acquire<'a> {
 /// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
 /// trip of its own — from no later than its last attempt that found the lock busy
 /// (the release came after it), for the claim window — and the renewal task extends it
-/// to the full lease at once. A waiter that died after registering holds up the lock
-/// for at most the claim window.
+/// to the full lease at once. A grant it cannot rely on that way (made before its last
+/// busy attempt, or with too little of the claim left) makes it try again at once: the
+/// acquire script then finds the lock ours, with a fresh fencing token, or busy. A
+/// waiter that died after registering holds up the lock for at most the claim window.
 pub(crate) struct Granted<'a> {
     /// The waiter's public id.
     pub id: &'a str,
@@ -351,10 +353,8 @@ impl LockBase {
         // saw: a grant with a higher fence was made after that attempt ran.
         let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
         let registered = std::sync::atomic::AtomicBool::new(false);
-        let (claim_ref, parse_ref, last_busy_ref, renew_ref, registered_ref) =
-            (&claim, &parse, &last_busy, &renew, &registered);
+        let (claim_ref, parse_ref, last_busy_ref, registered_ref) = (&claim, &parse, &last_busy, &registered);
         let ttl = self.options.ttl;
-        let deadline = wait.deadline();
         let claim_window = grant.as_ref().map(|g| g.claim);
         let (fence, remaining, sent, acked) = acquire_loop(
             Waiting {
@@ -410,18 +410,11 @@ impl LockBase {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
                 // Not known to be current, or waited too long to rely on the claim window:
-                // confirm by extending (which fails unless the lock is ours now).
-                let ttl_ms = ttl.as_millis() as u64;
-                let Acked { reply, sent, .. } = op
-                    .eval_acked(
-                        renew_ref.script,
-                        &renew_ref.cmd_with_ttl(ttl_ms),
-                        None,
-                        deadline,
-                        None,
-                    )
-                    .await?;
-                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, None)))
+                // try again at once. If the lock is ours (this grant, or a later one made
+                // to our registration meanwhile) the acquire script says so with a fresh
+                // fencing token — never this grant's, which may be older than another
+                // holder's that came in between (a stale grant, then a new one).
+                Ok(None)
             },
         )
         .await?;
