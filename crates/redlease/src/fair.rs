@@ -8,12 +8,13 @@ use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::heartbeat::{Heartbeat, WaiterTtl, waiter_id};
+use crate::engine::metrics::Primitive;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms, opt_string};
-use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, ScriptCall};
+use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, LEASE_EXTEND, ScriptCall};
 use crate::token::{FencingToken, Token};
 
 /// A distributed mutex that serves its waiters in arrival order (FIFO).
@@ -75,8 +76,10 @@ pub struct FairMutex {
 #[derive(Clone, Debug)]
 struct FairShared {
     base: LockBase,
-    /// `[lock, meta, queue, alive]`: acquire and status.
+    /// `[lock, meta, queue, alive]`: status.
     keys: Arc<[Arc<str>]>,
+    /// `[lock, meta, queue, alive, fencing counter, its floor]`: acquire.
+    acquire_keys: Arc<[Arc<str>]>,
     /// `[lock, meta]`: the plain mutex's extend script renews the holder.
     lock_keys: Arc<[Arc<str>]>,
     /// `[lock, queue, alive]`: heartbeat and release.
@@ -114,15 +117,24 @@ pub struct FairMutexStatus {
 impl FairMutex {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::FairMutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let lock = base.key.clone();
         let meta: Arc<str> = keys.aux("meta").into();
         let queue: Arc<str> = keys.aux("queue").into();
         let alive: Arc<str> = keys.aux("alive").into();
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(FairMutex {
             shared: Arc::new(FairShared {
                 keys: Arc::new([lock.clone(), meta.clone(), queue.clone(), alive.clone()]),
+                acquire_keys: Arc::new([
+                    lock.clone(),
+                    meta.clone(),
+                    queue.clone(),
+                    alive.clone(),
+                    counter,
+                    floor,
+                ]),
                 lock_keys: Arc::new([lock.clone(), meta]),
                 queue_keys: Arc::new([lock, queue, alive]),
                 channel_prefix: keys.aux("wake:").into(),
@@ -255,7 +267,7 @@ impl FairMutex {
         let member: Arc<str> = format!("{id}:{}", ctx.label).into();
         let channel = format!("{}{id}", s.channel_prefix);
         let cmd = FAIR_ACQUIRE.evalsha(
-            &s.keys,
+            &s.acquire_keys,
             &[
                 token.expose(),
                 &member,
@@ -282,12 +294,13 @@ impl FairMutex {
         let spec = Acquire {
             script: &FAIR_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &channel,
             wait,
             // Leaving removes the lock an attempt may have taken and our queue entry.
             undo: self.release_call(&token, member),
             renew: ScriptCall::new(
-                &MUTEX_EXTEND,
+                &LEASE_EXTEND,
                 s.lock_keys.clone(),
                 Arc::new([token.shared(), ctx.retention_arg.clone()]),
             ),
@@ -320,6 +333,7 @@ impl FairMutex {
                                 remaining: ms(int(pttl)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // Queued: leaving must remove the entry.
                             queued: place.is_some(),
@@ -385,14 +399,14 @@ impl FairMutex {
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = s.base.ttl_ms(ttl)?;
-        let cmd = MUTEX_EXTEND.evalsha(
+        let cmd = LEASE_EXTEND.evalsha(
             &s.lock_keys,
             &[token.expose(), &s.base.ctx.retention_arg],
             Some(ttl_ms),
         );
         let release = self.release_call(token, "".into());
         s.base
-            .by_token("extend", &cmd, &MUTEX_EXTEND, Some(&release))
+            .by_token("extend", &cmd, &LEASE_EXTEND, Some(&release))
             .await
     }
 

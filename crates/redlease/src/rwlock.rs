@@ -8,13 +8,14 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::{Heartbeat, WaiterTtl};
+use crate::engine::metrics::Primitive;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms};
 use crate::script::{
-    MUTEX_EXTEND, RW_DOWNGRADE, RW_READ, RW_READ_EXTEND, RW_READ_RELEASE, RW_STATUS, RW_WRITE,
+    LEASE_EXTEND, RW_DOWNGRADE, RW_READ, RW_READ_EXTEND, RW_READ_RELEASE, RW_STATUS, RW_WRITE,
     RW_WRITE_RELEASE, RW_WRITER_HEARTBEAT, ScriptCall,
 };
 use crate::token::{FencingToken, Token};
@@ -81,6 +82,9 @@ pub struct RwLock {
 struct RwShared {
     base: LockBase,
     meta: Arc<str>,
+    /// The fencing counter of the lock's hash slot and its floor (the writer's fencing
+    /// tokens, shared with a plain mutex of the same name).
+    fence_keys: [Arc<str>; 2],
     readers: Arc<str>,
     writers: Arc<str>,
     read_channel: Arc<str>,
@@ -115,10 +119,12 @@ pub struct RwLockStatus {
 impl RwLock {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::RwLock, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(RwLock {
             shared: Arc::new(RwShared {
+                fence_keys: [counter, floor],
                 base,
                 meta: keys.aux("meta").into(),
                 readers: keys.aux("readers").into(),
@@ -269,6 +275,7 @@ impl RwLock {
         let spec = Acquire {
             script: &RW_READ,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.read_channel,
             wait,
             undo: release.clone(),
@@ -322,8 +329,9 @@ impl RwLock {
         let s = &*self.shared;
         let ctx = &s.base.ctx;
         let token = Token::generate();
+        let [counter, floor] = &s.fence_keys;
         let cmd = RW_WRITE.evalsha(
-            &[&s.base.key, &s.meta, &s.readers, &s.writers],
+            &[&s.base.key, &s.meta, &s.readers, &s.writers, counter, floor],
             &[
                 token.expose(),
                 &s.ttl_arg,
@@ -347,12 +355,13 @@ impl RwLock {
         let spec = Acquire {
             script: &RW_WRITE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.write_channel,
             wait,
             // Withdraws the registration and any lock an attempt may have taken.
             undo: self.write_release_call(&token, true),
             renew: ScriptCall::new(
-                &MUTEX_EXTEND,
+                &LEASE_EXTEND,
                 Arc::new([s.base.key.clone(), s.meta.clone()]),
                 Arc::new([token.shared(), ctx.retention_arg.clone()]),
             ),
@@ -378,6 +387,7 @@ impl RwLock {
                                 remaining: ms(int(remaining)),
                                 pass_on: false,
                                 mark: None,
+                                foreign: false,
                             },
                             // A waiting writer's registration must be withdrawn.
                             queued: waits,

@@ -8,6 +8,7 @@ use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
+use crate::engine::metrics::Primitive;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
@@ -103,7 +104,7 @@ pub struct SemaphoreStatus {
 impl Semaphore {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, limit: u32, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::Semaphore, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         if limit == 0 || limit > MAX_PERMITS {
             return Err(Error::InvalidArgument {
@@ -258,6 +259,7 @@ impl Semaphore {
         let spec = Acquire {
             script: &SEM_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: None,
             channel: &s.channel,
             wait,
             undo: release.clone(),
@@ -281,6 +283,7 @@ impl Semaphore {
                             // local waiter that needs fewer may use the wake-up.
                             pass_on: int(free).unwrap_or(0) > 0,
                             mark: None,
+                            foreign: false,
                         },
                         queued: false,
                     }),

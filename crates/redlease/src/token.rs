@@ -20,12 +20,28 @@ impl Token {
     /// Never in practice: only if the operating system has no usable random source,
     /// in which case no secure token can exist.
     pub(crate) fn generate() -> Self {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+        let bytes = random_16();
         let mut s = String::with_capacity(32);
         for b in bytes {
             s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
             s.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
+        }
+        Token(s.into())
+    }
+
+    /// A fresh random token that names its owner: `<32 hex digits>@<label>`, so that
+    /// the lock key itself tells who holds it (`status`, `list`). Control characters
+    /// in the label become `?`, and it is cut to 128 bytes.
+    pub(crate) fn for_owner(label: &str) -> Self {
+        let random = Token::generate();
+        let mut s = String::with_capacity(33 + label.len().min(MAX_LABEL));
+        s.push_str(&random.0);
+        s.push('@');
+        for c in label.chars() {
+            if s.len() + c.len_utf8() > 33 + MAX_LABEL {
+                break;
+            }
+            s.push(if c.is_control() { '?' } else { c });
         }
         Token(s.into())
     }
@@ -55,6 +71,32 @@ impl fmt::Debug for Token {
     }
 }
 
+/// 16 bytes from the operating system's CSPRNG. They are read 1 KiB at a time per
+/// thread and each byte is handed out once, which spares a system call per token.
+fn random_16() -> [u8; 16] {
+    use std::cell::RefCell;
+    const CHUNK: usize = 1024;
+    thread_local! {
+        static POOL: RefCell<([u8; CHUNK], usize)> = const { RefCell::new(([0; CHUNK], CHUNK)) };
+    }
+    POOL.with(|pool| {
+        let (buf, used) = &mut *pool.borrow_mut();
+        if *used + 16 > CHUNK {
+            getrandom::fill(buf).expect("the operating system's random source failed");
+            *used = 0;
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&buf[*used..*used + 16]);
+        // Never handed out twice.
+        buf[*used..*used + 16].fill(0);
+        *used += 16;
+        out
+    })
+}
+
+/// The longest owner label kept in a token, in bytes.
+const MAX_LABEL: usize = 128;
+
 /// A number that rises strictly with every acquisition of the same lock.
 ///
 /// Pass it to the resource the lock protects, and have the resource reject any request
@@ -62,9 +104,12 @@ impl fmt::Debug for Token {
 /// lost without its holder noticing (a long GC pause, a slow network) into a refused
 /// write instead of a corrupted one.
 ///
-/// Tokens are `max(previous + 1, Redis server time in microseconds)`: they keep rising
-/// when the lock's metadata expires or is deleted, as long as Redis's clock does not
-/// step back further than the metadata retention. Compare them; do not interpret them.
+/// Tokens come from a counter per key prefix (per hash slot on a Redis Cluster) that
+/// starts from Redis's clock in microseconds, never below a floor kept for a day: they
+/// keep rising when the counter expires or is deleted, when Redis's clock steps back
+/// (within that day), and across a failover that takes longer than 200 ms. The mutex,
+/// the fair mutex and the read-write lock's writer of one name share the sequence. They
+/// are not consecutive. Compare them; do not interpret them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
@@ -105,6 +150,27 @@ mod tests {
         assert!(a.expose().bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(format!("{a:?}"), "Token(<redacted>)");
         assert!(!format!("{a:?}").contains(a.expose()));
+    }
+
+    #[test]
+    fn tokens_do_not_repeat_across_pool_refills() {
+        let tokens: std::collections::HashSet<String> =
+            (0..5000).map(|_| Token::generate().expose().to_owned()).collect();
+        assert_eq!(tokens.len(), 5000);
+    }
+
+    #[test]
+    fn owner_tokens_name_their_owner_safely() {
+        let t = Token::for_owner("host:42");
+        assert_eq!(t.expose().len(), 32 + 1 + 7);
+        let (random, label) = t.expose().split_at(32);
+        assert!(random.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(label, "@host:42");
+        assert_ne!(t, Token::for_owner("host:42"));
+        let t = Token::for_owner("evil\r\x1b[31mred");
+        assert_eq!(&t.expose()[32..], "@evil??[31mred");
+        let t = Token::for_owner(&"é".repeat(100));
+        assert_eq!(&t.expose()[33..], "é".repeat(64));
     }
 
     #[test]

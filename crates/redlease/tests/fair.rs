@@ -317,7 +317,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
     eventually(2.0, "no queue left", || {
         let mut conn = conn.clone();
         async move {
-            let keys = all_keys(&mut conn).await;
+            let keys = keys_but_fencing(&mut conn).await;
             keys.len() == 1 && keys[0].0 == "{redlease:quitter}:meta"
         }
     })
@@ -378,10 +378,11 @@ async fn fair_and_plain_mutexes_share_the_key_and_the_fence_sequence() {
     );
     assert!(plain.try_lock().await.unwrap_err().is_contended());
     let plain_status = plain.status().await.unwrap();
-    assert_eq!(
-        plain_status.fence,
-        Some(f.fence()),
-        "the plain status sees the fair holder"
+    assert!(plain_status.held);
+    assert_mark(
+        plain_status.last_fence,
+        f.fence(),
+        "the plain status sees the fair holder's fencing token as the latest",
     );
     let fence = f.fence();
     f.release().await.unwrap();
@@ -455,7 +456,7 @@ async fn every_key_expires_and_a_dropped_guard_wakes_the_next() {
         async move { queue_len(&mutex).await == 1 }
     })
     .await;
-    let keys = all_keys(&mut conn).await;
+    let keys = keys_but_fencing(&mut conn).await;
     let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names,
@@ -488,7 +489,7 @@ async fn every_key_expires_and_a_dropped_guard_wakes_the_next() {
     eventually(2.0, "only metadata is left", || {
         let mut conn = conn.clone();
         async move {
-            let keys = all_keys(&mut conn).await;
+            let keys = keys_but_fencing(&mut conn).await;
             keys.len() == 1 && keys[0].1 > 0
         }
     })
@@ -517,7 +518,7 @@ async fn a_cancelled_acquire_leaves_nothing_at_any_point() {
         eventually(2.0, "no orphan after cancellation", || {
             let mut conn = conn.clone();
             async move {
-                let keys = all_keys(&mut conn).await;
+                let keys = keys_but_fencing(&mut conn).await;
                 keys.iter().all(|(k, _)| k == "{redlease:cancelled}:meta")
             }
         })
@@ -526,7 +527,7 @@ async fn a_cancelled_acquire_leaves_nothing_at_any_point() {
     let _ = &mut conn;
 }
 
-/// Seed 002 for the fair mutex: the acquire lands, its reply is held past the client's
+/// A lost reply under retry, for the fair mutex: the acquire lands, its reply is held past the client's
 /// timeout, and the retry must report the lock it already took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_acquire_reports_the_lock_it_already_took() {
@@ -615,7 +616,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         .unwrap_err();
     assert!(err.is_invalid_input(), "{err}");
     let mut conn = raw(&server).await;
-    assert!(all_keys(&mut conn).await.is_empty());
+    assert!(keys_but_fencing(&mut conn).await.is_empty());
     // The default waiter TTL is 5 s, capped by a shorter lease.
     assert_eq!(
         client.fair_mutex("x").unwrap().waiter_ttl(),

@@ -73,14 +73,13 @@ async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     secs * 1000 + micros / 1000
 }
 
-/// The acquisition time (Redis ms) recorded in a lock's metadata,
-/// `"<fence> <since_ms> <token> <label>"`.
-async fn since_ms(conn: &mut redis::aio::MultiplexedConnection, meta: &str) -> i64 {
-    let meta = get(conn, meta).await.expect("the lock has metadata");
-    meta.split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad metadata {meta:?}"))
+/// When (Redis ms) the lease of the lock key `key` started, for a lease of `ttl` not
+/// renewed since: its expiry minus `ttl`. (A renewal moves it later, never earlier.)
+async fn lease_start_ms(conn: &mut redis::aio::MultiplexedConnection, key: &str, ttl: Duration) -> i64 {
+    let now = server_ms(conn).await;
+    let pttl: i64 = redis::cmd("PTTL").arg(key).query_async(conn).await.expect("PTTL");
+    assert!(pttl > 0, "{key} is held with a TTL: {pttl}");
+    now + pttl - ttl.as_millis() as i64
 }
 
 // ---------------------------------------------------------------------------------
@@ -374,8 +373,9 @@ async fn a_local_waiter_gets_the_lock_when_the_local_holders_lease_runs_out() {
     // checked at leisure.
     let short = a.mutex_with("bounded", short_lease()).unwrap();
     let long = a.mutex("bounded").unwrap();
+    let long_ttl = long.options().ttl;
     let g1 = short.lock().await.unwrap();
-    let since1 = since_ms(&mut conn, "{redlease:bounded}:meta").await;
+    let since1 = lease_start_ms(&mut conn, "redlease:bounded", SHORT).await;
 
     let started = Instant::now();
     let waiter = tokio::spawn(async move {
@@ -408,7 +408,7 @@ async fn a_local_waiter_gets_the_lock_when_the_local_holders_lease_runs_out() {
         "acquired before g1's lease ended"
     );
     assert!(g2.fence() > g1.fence());
-    let since2 = since_ms(&mut conn, "{redlease:bounded}:meta").await;
+    let since2 = lease_start_ms(&mut conn, "redlease:bounded", long_ttl).await;
     assert!(
         since2 - since1 >= SHORT.as_millis() as i64 - 10,
         "Redis kept g1's lease for its full TTL before the waiter took it: {since1} -> {since2}"

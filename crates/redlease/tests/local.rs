@@ -107,6 +107,7 @@ async fn a_hand_over_whose_reply_is_lost_still_reaches_the_waiter() {
     let mut conn = raw(&server).await;
     let holder = mutex.lock().await.unwrap();
     let first_fence = holder.fence();
+    let first_token = holder.token().expose().to_owned();
     let waiter = tokio::spawn({
         let mutex = mutex.clone();
         async move { mutex.lock_timeout(Duration::from_secs(10)).await }
@@ -116,12 +117,10 @@ async fn a_hand_over_whose_reply_is_lost_still_reaches_the_waiter() {
     let release = tokio::spawn(holder.release());
     eventually(3.0, "the hand-over lands while its reply is held", || {
         let mut conn = conn.clone();
-        let first = first_fence;
+        let first = first_token.clone();
         async move {
-            let meta = get(&mut conn, "{redlease:handover}:meta")
-                .await
-                .unwrap_or_default();
-            meta.split(' ').next().and_then(|f| f.parse::<u64>().ok()) > Some(first.get())
+            let holder = get(&mut conn, "redlease:handover").await;
+            holder.is_some_and(|t| t != first)
         }
     })
     .await;

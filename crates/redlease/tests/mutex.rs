@@ -67,33 +67,30 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
     let mutex = client.mutex("fenced").unwrap();
     let mut conn = raw(&server).await;
     let mut last = 0u64;
+    // The fencing counter of the lock's hash slot, and its floor (found after the
+    // first acquisition).
+    let mut counter = String::new();
     for i in 0..1000 {
         if i == 300 {
-            // Delete the metadata hash that stores the high-water mark.
-            let _: () = redis::cmd("DEL")
-                .arg("{redlease:fenced}:meta")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            // Delete the counter and its floor: tokens go on from Redis's clock, which
+            // is ahead of every token issued (they rise by one per acquisition).
+            del(&mut conn, &[&counter, &format!("{counter}:floor")]).await;
         }
         if i == 600 {
-            // Replace it with a stale, lower mark (as a restore from an old snapshot would).
-            let _: () = redis::cmd("SET")
-                .arg("{redlease:fenced}:meta")
-                .arg("5 0 stale-token old-host:1")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-        if i == 900 {
             let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
         }
+        if i == 900 {
+            // The counter alone is lost early (as after an eviction): the floor keeps
+            // the next token above every earlier one.
+            del(&mut conn, &[&counter]).await;
+        }
         if i == 950 {
-            // A mark ahead of Redis's clock (as after the clock stepped back): the next
-            // token is the mark plus one, not the clock.
+            // A floor ahead of Redis's clock (as after the clock stepped back) and no
+            // counter: the next token is the floor plus one, not the clock.
+            del(&mut conn, &[&counter]).await;
             let _: () = redis::cmd("SET")
-                .arg("{redlease:fenced}:meta")
-                .arg(format!("{} 0 ahead-token ahead-host:1", 8_000_000_000_000_000u64))
+                .arg(format!("{counter}:floor"))
+                .arg(8_000_000_000_000_000u64)
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -102,15 +99,28 @@ async fn fencing_tokens_rise_over_1000_acquisitions_and_across_deletion() {
         let guard = mutex.try_lock().await.expect("free lock");
         let fence = guard.fence().get();
         assert!(fence > last, "acquisition {i}: fence {fence} not above {last}");
+        if i == 0 {
+            // The floor lives a day (the counter only 100 ms).
+            let keys = all_keys(&mut conn).await;
+            let floor = keys
+                .iter()
+                .find(|(k, _)| k.starts_with("{redlease:fence") && k.ends_with("}:floor"))
+                .unwrap_or_else(|| panic!("a fencing floor: {keys:?}"));
+            counter = floor.0.strip_suffix(":floor").unwrap().to_owned();
+        }
         if i == 950 {
             assert_eq!(
                 fence, 8_000_000_000_000_001,
-                "one above a mark ahead of the clock"
+                "one above a floor ahead of the clock"
             );
         }
         last = fence;
         guard.release().await.unwrap();
     }
+}
+
+async fn del(conn: &mut redis::aio::MultiplexedConnection, keys: &[&str]) {
+    let _: () = redis::cmd("DEL").arg(keys).query_async(conn).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,16 +138,33 @@ async fn key_layout_is_plain_and_nothing_lives_forever() {
     let ttl = pttl(&mut conn, "redlease:layout").await;
     assert!((29_000..=30_000).contains(&ttl), "lock ttl {ttl}");
     let keys = all_keys(&mut conn).await;
-    assert_eq!(
-        keys.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
-        ["redlease:layout", "{redlease:layout}:meta"]
+    let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    // The lock, its slot's fencing floor, and the slot's counter unless its 100 ms
+    // have passed.
+    assert_eq!(names[0], "redlease:layout", "{names:?}");
+    let floor = names.last().unwrap();
+    assert!(
+        floor.starts_with("{redlease:fence") && floor.ends_with("}:floor"),
+        "{names:?}"
+    );
+    assert!(
+        names.len() == 2 || (names.len() == 3 && format!("{}:floor", names[1]) == *floor),
+        "{names:?}"
     );
     assert!(keys.iter().all(|(_, t)| *t > 0), "a key without TTL: {keys:?}");
     guard.release().await.unwrap();
     let keys = all_keys(&mut conn).await;
-    assert_eq!(keys.len(), 1, "only the metadata stays after release: {keys:?}");
-    // The metadata (fencing mark) lives for the lease plus the 60 s retention.
-    assert!(keys[0].1 > 60_000 && keys[0].1 <= 90_000, "metadata ttl {keys:?}");
+    // Nothing of the lock itself stays; the counter (of the slot, shared by every
+    // lock in it) lives 100 ms from when it was made, its floor a day.
+    let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+    assert!(
+        names.len() <= 2 && names.iter().all(|k| k.starts_with("{redlease:fence")),
+        "{keys:?}"
+    );
+    for (key, ttl) in &keys {
+        let limit = if key.ends_with(":floor") { 86_400_000 } else { 100 };
+        assert!(*ttl > 0 && *ttl <= limit, "{key}: ttl {ttl}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -525,21 +552,19 @@ async fn status_shows_the_owner_but_never_the_token() {
     let status = mutex.status().await.unwrap();
     assert!(status.held);
     assert_eq!(status.owner.as_deref(), Some("builder-7:4242"));
-    assert_eq!(status.fence, Some(guard.fence()));
-    assert_eq!(status.last_fence, Some(guard.fence()));
+    assert_eq!(status.fence, None, "not recorded for the plain mutex");
+    // The slot's fencing mark: the last token issued, or once the counter's 100 ms
+    // ran out, its floor.
+    assert_mark(status.last_fence, guard.fence(), "the slot's fencing mark");
     assert!(status.remaining.unwrap() > Duration::from_secs(25));
-    assert!(status.since.is_some());
+    assert!(status.since.is_none());
     assert!(!format!("{status:?}").contains(guard.token().expose()));
     assert!(!format!("{guard:?}").contains(guard.token().expose()));
     let fence = guard.fence();
     guard.release().await.unwrap();
     let after = mutex.status().await.unwrap();
     assert!(!after.held && after.owner.is_none());
-    assert_eq!(
-        after.last_fence,
-        Some(fence),
-        "the fencing mark outlives the lock"
-    );
+    assert_mark(after.last_fence, fence, "the fencing mark outlives the lock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -558,9 +583,10 @@ async fn hundreds_of_tasks_share_one_connection_without_mixing_replies() {
                 // The reply our task got must be about our key.
                 assert_eq!(guard.key(), format!("redlease:lock-{i}"));
                 let status = mutex.status().await.unwrap();
-                assert_eq!(
-                    status.fence,
-                    Some(guard.fence()),
+                // Other locks may share the slot's fencing mark, which is never below
+                // the fence of ours.
+                assert!(
+                    status.held && status.last_fence >= Some(guard.fence()),
                     "status of lock-{i} belongs to it"
                 );
                 guard.release().await.unwrap();
@@ -693,7 +719,7 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
     let other = client(&url).await;
     // A short lease, so that a hand-over's claim window is short too.
     let opts = LeaseOptions::default().ttl(Duration::from_millis(300));
-    for round in 0..6 {
+    for round in 0..8 {
         let name = format!("stale-grant-{round}");
         let first = holder.mutex_with(&name, opts).unwrap().lock().await.unwrap();
         // The waiter: its own client on its own single thread, which the test stalls.
@@ -761,6 +787,22 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         )
         .await;
         assert!(exists(&mut conn, &key).await);
+        if round % 2 == 1 {
+            // As if another client's pipelined INCR had just found the fencing counter
+            // expired: it reads 1 until a script seeds it. The waiter's next attempt
+            // must not take that for the fencing mark.
+            let _: () = redis::cmd("DEL")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let one: i64 = redis::cmd("INCR")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(one, 1);
+        }
         assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("running"));
         // Give the waiter time to act on what it found when it woke up.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -778,5 +820,110 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         assert!(fence > taken_fence, "round {round}: fencing tokens out of order");
         to_waiter.send(None).unwrap();
         thread.join().unwrap();
+    }
+}
+
+/// The application's own commands go over the client's connection: single commands,
+/// pipelines and MULTI/EXEC transactions, beside a held lock that keeps renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_connection_serves_the_applications_commands() {
+    use redlease::redis::{self, AsyncCommands};
+
+    let server = server();
+    let client = redlease::Client::builder(redlease::redis::Client::open(server.url()).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let guard = client
+        .mutex_with(
+            "app",
+            redlease::LeaseOptions::new().ttl(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let mut conn = client.connection();
+    let _: () = conn.set("app:counter", 41).await.unwrap();
+    let n: i64 = conn.incr("app:counter", 1).await.unwrap();
+    assert_eq!(n, 42);
+    let (a, b): (i64, Option<String>) = redis::pipe()
+        .get("app:counter")
+        .get("app:missing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((a, b), (42, None));
+    let (x, y): (i64, i64) = redis::pipe()
+        .atomic()
+        .incr("app:counter", 1)
+        .incr("app:counter", 1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((x, y), (43, 44));
+    // A server error comes back as an error, and the connection goes on.
+    let err = redis::cmd("NOSUCHCOMMAND")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown command"), "{err}");
+    assert_eq!(redis::aio::ConnectionLike::get_db(&conn), 0);
+    // The lease was renewed meanwhile (300 ms TTL, renewed every 100 ms).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(guard.is_held());
+    let _: i64 = conn.get("app:counter").await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,
+/// or a key without a TTL — gets in soon after that holder deletes the key, although
+/// nothing announces the release: it polls such a holder. (Without polling it would
+/// wait out the foreign lease: 10 s here, or its own TTL for a key without one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
+        let key = format!("redlease:{name}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+        if let Some(ms) = ttl {
+            set.arg("PX").arg(ms);
+        }
+        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
+        assert_eq!(taken.as_deref(), Some("OK"));
+        let waiter = tokio::spawn({
+            let mutex = client.mutex(name).unwrap();
+            async move {
+                let guard = mutex.lock_timeout(Duration::from_secs(8)).await;
+                (guard, Instant::now())
+            }
+        });
+        // The waiter has registered (and found the holder foreign) before the holder
+        // lets go.
+        let q = format!("{{{key}}}:q");
+        eventually(5.0, "the waiter registered", || {
+            let mut conn = conn.clone();
+            let q = q.clone();
+            async move {
+                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+                n == 1
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await; // into the longer polls
+        assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
+        del(&mut conn, &[&key]).await;
+        let released = Instant::now();
+        let (guard, acquired_at) = within(10.0, "the waiter", waiter).await.unwrap();
+        let guard = guard.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let after = acquired_at - released;
+        assert!(
+            after < Duration::from_millis(150),
+            "{name}: in {after:?} after the foreign release, not after the foreign lease"
+        );
+        guard.release().await.unwrap();
     }
 }

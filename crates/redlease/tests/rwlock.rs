@@ -407,7 +407,7 @@ async fn cancelled_acquires_leave_nothing_and_free_the_readers() {
         eventually(2.0, "no orphan after cancellation", || {
             let mut conn = conn.clone();
             async move {
-                let keys = all_keys(&mut conn).await;
+                let keys = keys_but_fencing(&mut conn).await;
                 keys.iter().all(|(k, _)| k == "{redlease:cancelled}:meta")
             }
         })
@@ -416,7 +416,7 @@ async fn cancelled_acquires_leave_nothing_and_free_the_readers() {
     let _ = &mut conn;
 }
 
-/// Seed 002 for both sides: the request lands, the reply is held past the client's
+/// A lost reply under retry, for both sides: the request lands, the reply is held past the client's
 /// timeout, and the retry reports what it already holds — exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_acquires_report_what_they_already_took() {
@@ -509,7 +509,7 @@ async fn layout_fences_and_expiry() {
     assert!(status.write_held);
     assert_eq!(status.fence, Some(w.fence()));
     assert!(status.writer.is_some());
-    let keys = all_keys(&mut conn).await;
+    let keys = keys_but_fencing(&mut conn).await;
     let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
         names,
@@ -528,14 +528,14 @@ async fn layout_fences_and_expiry() {
         .unwrap();
     assert!(second > first);
     let r = lock.read().await.unwrap();
-    let keys = all_keys(&mut conn).await;
+    let keys = keys_but_fencing(&mut conn).await;
     assert!(keys.iter().all(|(_, t)| *t > 0), "a key without TTL: {keys:?}");
     assert!(keys.iter().any(|(k, _)| k == "{redlease:layout}:readers"));
     r.release().await.unwrap();
     eventually(2.0, "only metadata is left", || {
         let mut conn = conn.clone();
         async move {
-            let keys = all_keys(&mut conn).await;
+            let keys = keys_but_fencing(&mut conn).await;
             keys.len() == 1 && keys[0].0 == "{redlease:layout}:meta"
         }
     })

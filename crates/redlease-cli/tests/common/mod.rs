@@ -33,6 +33,27 @@ pub fn all_keys(server: &RedisServer) -> Vec<String> {
     keys
 }
 
+/// Every key in the server but the fencing counter and floor of the plain mutexes
+/// (`{redlease:fence}` and its floor, shared by every plain mutex), sorted.
+pub fn lock_keys(server: &RedisServer) -> Vec<String> {
+    let mut keys = all_keys(server);
+    keys.retain(|k| !k.starts_with("{redlease:fence"));
+    keys
+}
+
+/// Checks that `mark`, the `last_fence` a mutex's status reports, is that of a slot
+/// whose last fencing token is `fence`: the token itself while the slot's counter
+/// lives, afterwards its floor (one counter life, 100 ms in microseconds, above the
+/// seed the token came from).
+#[track_caller]
+pub fn assert_mark(mark: &serde_json::Value, fence: u64) {
+    let mark = mark.as_u64().unwrap_or_else(|| panic!("no fencing mark: {mark}"));
+    assert!(
+        mark >= fence && mark <= fence + 100_000,
+        "mark {mark} for the last token {fence}"
+    );
+}
+
 /// `redlease` with a clean environment: no REDIS_URL or REDLEASE_TOKEN from outside.
 pub fn redlease() -> Command {
     let mut cmd = Command::new(BIN);

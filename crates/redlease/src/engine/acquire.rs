@@ -12,6 +12,7 @@ use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
 use super::lease::drift;
+use super::metrics::{self, AcquireCall, Handover, Primitive};
 use super::notify::{GrantSlot, Subscription, WakeDebt};
 use super::request::Acked;
 use crate::error::{Error, Result};
@@ -40,11 +41,22 @@ pub(crate) struct Busy {
     /// primitive reports it: a hand-over with a fence not above it was made before
     /// the attempt, and is stale (the attempt would have found the lock ours).
     pub mark: Option<u64>,
+    /// The holder is not a client whose release wakes waiters (another library's lock,
+    /// or a key without a TTL): the waiter polls, backing off from a few milliseconds
+    /// to [`POLL_MAX`], instead of waiting for a wake-up that will not come.
+    pub foreign: bool,
 }
+
+/// The first and the longest pause between the attempts of a waiter that polls a
+/// foreign holder.
+const POLL_FIRST: Duration = Duration::from_millis(4);
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// How an acquire waits.
 pub(crate) struct Waiting<'a> {
     pub ctx: &'a Context,
+    /// The kind of lock, for the metrics.
+    pub primitive: Primitive,
     pub name: &'a str,
     pub channel: &'a str,
     pub wait: Wait,
@@ -86,6 +98,8 @@ where
     // The wake-up generation seen by the previous attempt: a pass-on does not bump it,
     // so a wake-up is passed on only by waiters that had not yet tried since it came.
     let mut previous = None;
+    // The next pause when polling a foreign holder.
+    let mut poll = POLL_FIRST;
     loop {
         let seen = sub.as_ref().map(Subscription::generation);
         let outcome = attempt(deadline).await;
@@ -98,12 +112,12 @@ where
                 d.settle();
             }
         }
-        let remaining = match outcome? {
+        let (remaining, foreign) = match outcome? {
             Attempt::Acquired(value) => {
                 tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "acquired");
                 return Ok(value);
             }
-            Attempt::Busy(busy) => busy.remaining,
+            Attempt::Busy(busy) => (busy.remaining, busy.foreign),
         };
         if !spec.wait.waits() {
             return Err(Error::Contended {
@@ -129,6 +143,15 @@ where
             continue;
         };
         let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
+        let fallback = if foreign {
+            // Nobody will announce this holder's release: look again soon.
+            let pause = poll.min(fallback);
+            poll = (poll * 2).min(POLL_MAX);
+            pause
+        } else {
+            poll = POLL_FIRST;
+            fallback
+        };
         let wake_at = Deadline::At(later(now, fallback.saturating_add(jitter(fallback)))).min(deadline);
         let granted = async {
             match grant.as_mut() {
@@ -140,6 +163,7 @@ where
             _ = s.woken() => true,
             details = granted => {
                 if let Some(value) = on_grant(details).await? {
+                    metrics::handed_over(spec.primitive, Handover::Grant);
                     tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "handed the lock by a release");
                     return Ok(value);
                 }
@@ -184,6 +208,9 @@ pub(crate) struct Acquire<'a> {
     /// The acquire request (an EVALSHA of `script`), idempotent under a retry.
     pub script: &'static LuaScript,
     pub cmd: &'a Cmd,
+    /// What the attempts send instead once an attempt left a registration behind
+    /// (`Reply::Busy { queued: true }`), when that differs.
+    pub cmd_registered: Option<&'a Cmd>,
     /// Where releases are announced.
     pub channel: &'a str,
     pub wait: Wait,
@@ -206,8 +233,10 @@ pub(crate) struct Acquire<'a> {
 /// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
 /// trip of its own — from no later than its last attempt that found the lock busy
 /// (the release came after it), for the claim window — and the renewal task extends it
-/// to the full lease at once. A waiter that died after registering holds up the lock
-/// for at most the claim window.
+/// to the full lease at once. A grant it cannot rely on that way (made before its last
+/// busy attempt, or with too little of the claim left) makes it try again at once: the
+/// acquire script then finds the lock ours, with a fresh fencing token, or busy. A
+/// waiter that died after registering holds up the lock for at most the claim window.
 pub(crate) struct Granted<'a> {
     /// The waiter's public id.
     pub id: &'a str,
@@ -263,6 +292,7 @@ impl Reply {
                 remaining,
                 pass_on: false,
                 mark: None,
+                foreign: false,
             },
             queued: false,
         }
@@ -271,7 +301,8 @@ impl Reply {
 
 impl LockBase {
     /// Acquires through Redis as `spec` says, reading each reply with `parse` (given the
-    /// reply and when its request was sent), and starts the lease.
+    /// reply and when its request was sent), and starts the lease. The call is counted
+    /// in the metrics, with its outcome and, when it acquired, how long it took.
     ///
     /// Waits for replicas after the acquire under the lock's policy: on a shortfall
     /// under [`OnShortfall::Release`](crate::OnShortfall::Release) the lock is released
@@ -282,9 +313,22 @@ impl LockBase {
         spec: Acquire<'_>,
         parse: impl Fn(&Value, Instant) -> Result<Reply>,
     ) -> Result<GuardCore> {
+        let call = AcquireCall::start(self.primitive);
+        call.finish(self.acquire_step(spec, parse).await)
+    }
+
+    /// As [`acquire`](LockBase::acquire), without counting the call: for a primitive
+    /// whose acquire call does more than this (the plain mutex: its local queue and its
+    /// scriptless fast path), and counts the whole call itself.
+    pub async fn acquire_step(
+        &self,
+        spec: Acquire<'_>,
+        parse: impl Fn(&Value, Instant) -> Result<Reply>,
+    ) -> Result<GuardCore> {
         let Acquire {
             script,
             cmd,
+            cmd_registered,
             channel,
             wait,
             token,
@@ -298,6 +342,7 @@ impl LockBase {
         let ack = self.options.replica_ack.as_ref();
         let waiting = Waiting {
             ctx: &self.ctx,
+            primitive: self.primitive,
             name: &self.name,
             channel,
             wait,
@@ -307,9 +352,9 @@ impl LockBase {
         // When the last attempt that found the lock busy was sent, and the fencing mark it
         // saw: a grant with a higher fence was made after that attempt ran.
         let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
-        let (claim_ref, parse_ref, last_busy_ref, renew_ref) = (&claim, &parse, &last_busy, &renew);
+        let registered = std::sync::atomic::AtomicBool::new(false);
+        let (claim_ref, parse_ref, last_busy_ref, registered_ref) = (&claim, &parse, &last_busy, &registered);
         let ttl = self.options.ttl;
-        let deadline = wait.deadline();
         let claim_window = grant.as_ref().map(|g| g.claim);
         let (fence, remaining, sent, acked) = acquire_loop(
             Waiting {
@@ -318,6 +363,10 @@ impl LockBase {
             },
             move |deadline| async move {
                 claim_ref.arm();
+                let cmd = match cmd_registered {
+                    Some(other) if registered_ref.load(std::sync::atomic::Ordering::Relaxed) => other,
+                    _ => cmd,
+                };
                 let Acked { reply, acked, sent } = op
                     .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
                     .await
@@ -333,7 +382,9 @@ impl LockBase {
                         Ok(Attempt::Acquired((fence, remaining, sent, acked)))
                     }
                     Reply::Busy { busy, queued } => {
-                        if !queued {
+                        if queued {
+                            registered_ref.store(true, std::sync::atomic::Ordering::Relaxed);
+                        } else {
                             claim_ref.answered_no();
                         }
                         *last_busy_ref.lock().expect("last busy") = Some((sent, busy.mark));
@@ -359,18 +410,11 @@ impl LockBase {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
                 // Not known to be current, or waited too long to rely on the claim window:
-                // confirm by extending (which fails unless the lock is ours now).
-                let ttl_ms = ttl.as_millis() as u64;
-                let Acked { reply, sent, .. } = op
-                    .eval_acked(
-                        renew_ref.script,
-                        &renew_ref.cmd_with_ttl(ttl_ms),
-                        None,
-                        deadline,
-                        None,
-                    )
-                    .await?;
-                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, None)))
+                // try again at once. If the lock is ours (this grant, or a later one made
+                // to our registration meanwhile) the acquire script says so with a fresh
+                // fencing token — never this grant's, which may be older than another
+                // holder's that came in between (a stale grant, then a new one).
+                Ok(None)
             },
         )
         .await?;

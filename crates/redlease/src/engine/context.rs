@@ -8,22 +8,26 @@ use std::time::Duration;
 
 use super::notify::Notifier;
 use super::renewer::Renewer;
+use crate::keys::FenceKeys;
 use crate::transport::{Batching, CommandConnection, Topology};
 
 /// What the locks of one client share.
 #[derive(Debug)]
 pub(crate) struct Context {
     pub conn: Arc<dyn CommandConnection>,
+    /// How a batch of commands travels over `conn` (one pipeline, or one per node).
+    pub batching: Batching,
     pub notifier: Notifier,
     pub renewer: Renewer,
     /// Per-lock state a primitive keeps for this client (the plain mutex's local
     /// queue), by lock key.
     pub locals: Locals,
     pub prefix: String,
+    /// The keys that issue the plain mutex's fencing tokens.
+    pub fence_keys: FenceKeys,
     /// The owner label stored beside each held lock.
     pub label: Arc<str>,
-    /// Metadata retention in milliseconds, and as the script argument.
-    pub retention_ms: u64,
+    /// Metadata retention in milliseconds, as the script argument.
     pub retention_arg: Arc<str>,
     /// `PUBLISH` or `SPUBLISH`, as the script argument.
     pub publish: Arc<str>,
@@ -62,13 +66,14 @@ impl Context {
             topology,
         } = settings;
         Arc::new(Context {
-            renewer: Renewer::spawn(conn.clone(), batching),
+            renewer: Renewer::spawn(conn.clone(), batching.clone()),
             conn,
+            batching,
             notifier,
             locals: Locals::default(),
+            fence_keys: FenceKeys::new(&prefix, topology.is_cluster()),
             prefix,
             label: label.into(),
-            retention_ms: retention.as_millis() as u64,
             retention_arg: retention.as_millis().to_string().into(),
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),

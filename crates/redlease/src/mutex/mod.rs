@@ -12,6 +12,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
+use crate::engine::metrics::{AcquireCall, Handover, Primitive, handed_over};
 use crate::engine::request::spawn_release;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -54,18 +55,17 @@ pub struct Mutex {
 #[derive(Debug)]
 struct MutexShared {
     base: LockBase,
-    /// `[lock key, meta key, waiters]`: acquire and release.
+    /// `[lock key, fencing counter, its floor, waiters]`: acquire and release.
     keys: Arc<[Arc<str>]>,
-    /// `[lock key, meta key]`: extend, hand-over and status. (During a slot migration a
-    /// script naming a key that does not exist is refused with TRYAGAIN: the calls that
-    /// must keep working then — renewals — name only keys that exist while the lock is
-    /// held.)
+    /// `[lock key, fencing counter, its floor]`: hand-over and status.
+    fence_keys: Arc<[Arc<str>]>,
+    /// `[lock key]`: extend. (During a slot migration a script naming a key that does
+    /// not exist is refused with TRYAGAIN: the calls that must keep working then —
+    /// renewals — name only the key that exists while the lock is held.)
     lock_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// The metadata's TTL (the lease plus the retention), as the script argument.
-    meta_px_arg: Arc<str>,
     /// How long a lock handed to a waiter holds before it extends it, as the script
     /// argument (see [`grant_claim`]).
     claim_arg: Arc<str>,
@@ -87,11 +87,16 @@ pub struct MutexStatus {
     pub owner: Option<String>,
     /// The holder's remaining lease; `None` when free or when the key has no TTL.
     pub remaining: Option<Duration>,
-    /// The holder's fencing token, when known.
+    /// The holder's fencing token, when known. (The plain mutex does not record it:
+    /// see `last_fence`.)
     pub fence: Option<FencingToken>,
-    /// The highest fencing token issued for this lock within the metadata retention.
+    /// A fencing token at least as high as every one issued so far for this lock,
+    /// and below every one issued later: the fencing mark of the lock's hash slot
+    /// (which the locks sharing the slot share). `None` when no lock of the slot was
+    /// taken for a day.
     pub last_fence: Option<FencingToken>,
-    /// When the holder acquired the lock (Redis server time), when known.
+    /// When the holder acquired the lock (Redis server time), when known. (Not
+    /// recorded for the plain mutex.)
     pub since: Option<std::time::SystemTime>,
     /// How many client connections are waiting for the lock (each waiting process
     /// counts once, however many tasks in it wait).
@@ -101,18 +106,25 @@ pub struct MutexStatus {
 impl Mutex {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::Mutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
+
         Ok(Mutex {
             shared: Arc::new(MutexShared {
                 channel: keys.aux("wake").into(),
                 local: base.ctx.locals.get(&base.key),
-                keys: Arc::new([base.key.clone(), keys.aux("meta").into(), keys.aux("q").into()]),
-                lock_keys: Arc::new([base.key.clone(), keys.aux("meta").into()]),
+                keys: Arc::new([
+                    base.key.clone(),
+                    counter.clone(),
+                    floor.clone(),
+                    keys.aux("q").into(),
+                ]),
+                fence_keys: Arc::new([base.key.clone(), counter, floor]),
+                lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: ttl_ms.to_string().into(),
                 claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
                 register_arg: register_life(options.ttl).as_millis().to_string().into(),
-                meta_px_arg: (ttl_ms + base.ctx.retention_ms).to_string().into(),
                 base,
             }),
         })
@@ -193,9 +205,15 @@ impl Mutex {
         self.acquire(Wait::timeout(timeout)).await
     }
 
+    /// Acquires as `wait` says, counting the call in the metrics.
     async fn acquire(&self, wait: Wait) -> Result<MutexGuard> {
+        let call = AcquireCall::start(Primitive::Mutex);
+        call.finish(self.acquire_uncounted(wait).await)
+    }
+
+    async fn acquire_uncounted(&self, wait: Wait) -> Result<MutexGuard> {
         let s = &*self.shared;
-        let token = Token::generate();
+        let token = Token::for_owner(&s.base.ctx.label);
         // Tasks of this client queue locally behind the local holder; one at a time
         // goes to Redis.
         let turn = match s.local.enter(&token, !wait.waits()) {
@@ -248,29 +266,122 @@ impl Mutex {
 
     /// Acquires through Redis with `token` (as this client's representative).
     async fn acquire_through_redis(&self, token: Token, wait: Wait) -> Result<GuardCore> {
+        // A free lock first, without a script.
+        let pending = match self.acquire_free(&token, wait.deadline()).await? {
+            Free::Acquired(core) => return Ok(core),
+            Free::Not(pending) => pending,
+        };
+        let core = self.acquire_scripted(token, wait).await?;
+        if let Some(claim) = pending {
+            claim.disarm();
+        }
+        Ok(core)
+    }
+
+    /// Takes the lock if it is free in one round trip without a script: `SET NX PX` and
+    /// `INCR` of the fencing counter, pipelined. The fencing token is as good as one
+    /// issued by a script: the INCR runs after the SET that took the lock (same
+    /// connection, in order) and before the release that frees it (sent after the
+    /// reply), so tokens rise with the acquisitions. Anything else — the lock is taken
+    /// (or is ours already: a retry after a lost reply), the counter must be started
+    /// (see `mark.lua`) — is left to the acquire script, which answers it in full. On a
+    /// Redis Cluster, where a slot migration can split the two commands between nodes,
+    /// and under a replica policy, the script does it all.
+    ///
+    /// `Free::Not` carries the claim on a lock an attempt may have taken, for the
+    /// caller to keep until the script acquired (it then disarms it) or gave up (then
+    /// dropping it releases the lock in the background).
+    async fn acquire_free(&self, token: &Token, deadline: Deadline) -> Result<Free> {
         let s = &*self.shared;
+        if s.base.ctx.topology.is_cluster() || s.base.options.replica_ack.is_some() {
+            return Ok(Free::Not(None));
+        }
+        let (key, counter) = (&s.keys[0], &s.keys[1]);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&**key)
+            .arg(token.expose())
+            .arg("NX")
+            .arg("PX")
+            .arg(&*s.ttl_arg)
+            .cmd("INCR")
+            .arg(&**counter);
+        let claim = s.base.claim(self.release_call(token));
+        claim.arm();
+        let op = s.base.op("acquire");
+        let conn = &*s.base.ctx.conn;
+        let (replies, sent) = op
+            .retrying(deadline, Some(&claim), || conn.send_pipeline(&pipe))
+            .await?;
+        let [set, incr] = &replies[..] else {
+            return Err(op.bad_reply());
+        };
+        let taken = match set {
+            Ok(Value::Nil) => false,
+            Ok(Value::Okay) => true,
+            Ok(Value::SimpleString(ok)) if ok == "OK" => true,
+            Ok(_) => return Err(op.bad_reply()),
+            Err(e) => return Err(op.error(e.clone())),
+        };
+        if !taken {
+            // Held by someone else (or by us: a retried SET after a lost reply).
+            claim.answered_no();
+            return Ok(Free::Not(Some(claim)));
+        }
+        let fence = match incr {
+            Ok(v) => int(v).and_then(|f| u64::try_from(f).ok()),
+            Err(e) => {
+                // A counter key of another type: give the lock back at once.
+                let _ = op.call(&self.release_call(token), deadline, None).await;
+                claim.disarm();
+                return Err(op.error(e.clone()));
+            }
+        };
+        match fence {
+            Some(fence) if fence > SEEDED => {
+                let core = s.base.hold(Held {
+                    token: token.clone(),
+                    fence: Some(fence),
+                    sent,
+                    remaining: s.base.options.ttl,
+                    renew: self.renew_call(token),
+                    release: self.release_call(token),
+                });
+                claim.disarm();
+                tracing::debug!(lock = %s.base.name, fence, "acquired");
+                Ok(Free::Acquired(core))
+            }
+            // Ours, but the counter is not seeded yet: the script seeds it and gives us
+            // a fencing token.
+            _ => Ok(Free::Not(Some(claim))),
+        }
+    }
+
+    /// Acquires through Redis with the acquire script.
+    async fn acquire_scripted(&self, token: Token, wait: Wait) -> Result<GuardCore> {
+        let s = &*self.shared;
+        // Waiters register, so that a release wakes them: for a hand-over (kind ' '),
+        // unless the lock waits for replicas, which a hand-over would skip; then only to
+        // be woken (kind '!').
+        let waits = wait.waits();
+        let grants = waits && s.base.options.replica_ack.is_none();
         let id = waiter_id();
-        let tail = format!(" {} {}", token.expose(), s.base.ctx.label);
-        // Waiters register for a hand-over — unless the lock waits for replicas, which
-        // a hand-over would skip.
-        let grants = wait.waits() && s.base.options.replica_ack.is_none();
-        let cmd = MUTEX_ACQUIRE.evalsha(
-            &s.keys,
-            &[
-                token.expose(),
-                &s.ttl_arg,
-                &tail,
-                &s.meta_px_arg,
-                &id,
-                if grants { "1" } else { "0" },
-                &s.register_arg,
-            ],
-            None,
-        );
-        let registration: Arc<str> = format!("{id}{tail}").into();
+        let id_kind = format!("{id}{}", if grants { ' ' } else { '!' });
+        let attempt = |flag: &str| {
+            MUTEX_ACQUIRE.evalsha(
+                &s.keys,
+                &[token.expose(), &s.ttl_arg, &id_kind, flag, &s.register_arg],
+                None,
+            )
+        };
+        let cmd = attempt(if waits { "1" } else { "0" });
+        // After a busy answer left a registration, an attempt that acquires leaves it.
+        let cmd_registered = attempt("2");
+        let registration: Arc<str> = format!("{id_kind}{}", token.expose()).into();
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
+            cmd_registered: waits.then_some(&cmd_registered),
             channel: &s.channel,
             wait,
             // Gives back a lock an attempt may have taken (or was handed), and leaves
@@ -286,11 +397,11 @@ impl Mutex {
         };
         let ttl = s.base.options.ttl;
         s.base
-            .acquire(spec, |reply, _| {
+            .acquire_step(spec, |reply, _| {
                 let parsed = parse_acquire(reply, ttl, &s.base)?;
                 Ok(match parsed {
-                    // A registered waiter left a registration behind: undo removes it.
-                    Reply::Busy { busy, .. } => Reply::Busy { busy, queued: grants },
+                    // A waiter left a registration behind: undo removes it.
+                    Reply::Busy { busy, .. } => Reply::Busy { busy, queued: waits },
                     acquired => acquired,
                 })
             })
@@ -299,11 +410,7 @@ impl Mutex {
 
     fn renew_call(&self, token: &Token) -> ScriptCall {
         let s = &*self.shared;
-        ScriptCall::new(
-            &MUTEX_EXTEND,
-            s.lock_keys.clone(),
-            Arc::new([token.shared(), s.base.ctx.retention_arg.clone()]),
-        )
+        ScriptCall::new(&MUTEX_EXTEND, s.lock_keys.clone(), Arc::new([token.shared()]))
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
@@ -321,7 +428,6 @@ impl Mutex {
                 s.channel.clone(),
                 s.base.ctx.publish.clone(),
                 s.claim_arg.clone(),
-                s.meta_px_arg.clone(),
                 registration,
             ]),
         )
@@ -357,14 +463,8 @@ impl Mutex {
         let release = self.release_call(core.token());
         let (token, _) = core.take();
         let cmd = MUTEX_HANDOFF.evalsha(
-            &s.lock_keys,
-            &[
-                token.expose(),
-                popped.token().expose(),
-                &s.ttl_arg,
-                &format!(" {} {}", popped.token().expose(), s.base.ctx.label),
-                &s.meta_px_arg,
-            ],
+            &s.fence_keys,
+            &[token.expose(), popped.token().expose(), &s.ttl_arg],
             None,
         );
         // If this future is dropped or fails before Redis answers, our own token is
@@ -379,6 +479,7 @@ impl Mutex {
         claim.disarm();
         match parse_acquire(&reply, s.base.options.ttl, &s.base) {
             Ok(Reply::Acquired { fence, remaining }) => {
+                handed_over(Primitive::Mutex, Handover::Local);
                 tracing::debug!(lock = %s.base.name, ?fence, "lock handed to a local waiter");
                 popped.hand_over(fence.unwrap_or(0), sent, remaining);
                 Ok(())
@@ -439,7 +540,7 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let cmd = MUTEX_STATUS.evalsha(&s.lock_keys, &[] as &[&str], None);
+        let cmd = MUTEX_STATUS.evalsha(&s.fence_keys, &[] as &[&str], None);
         let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
@@ -452,6 +553,18 @@ impl Mutex {
             waiters,
         })
     }
+}
+
+/// Every fencing token is above this (2^50): a counter below it was made by a pipelined
+/// `INCR` and still has to be started (see `mark.lua`).
+const SEEDED: u64 = 1 << 50;
+
+/// What [`Mutex::acquire_free`] found.
+enum Free {
+    Acquired(GuardCore),
+    /// Not acquired without the script, with the claim on what the attempt may have
+    /// left behind.
+    Not(Option<crate::engine::request::Claim>),
 }
 
 /// How long a lock a release hands to a waiter holds before the waiter extends it: the
@@ -467,18 +580,20 @@ fn register_life(ttl: Duration) -> Duration {
 }
 
 /// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have
-/// the same shapes, and `0` for "the old token does not hold the lock").
+/// the same shapes, and `0` for "the old token does not hold the lock"). The fencing
+/// mark of a busy reply is a decimal string.
 fn parse_acquire(reply: &Value, ttl: Duration, base: &LockBase) -> Result<Reply> {
     if let Some(acquired) = Reply::acquired(reply, ttl, true) {
         return Ok(acquired);
     }
     match array(reply).unwrap_or_default() {
         [flag, pttl] if int(flag) == Some(0) => Ok(Reply::busy(ms(int(pttl)))),
-        [flag, pttl, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
+        [flag, pttl, mark, foreign] if int(flag) == Some(0) => Ok(Reply::Busy {
             busy: Busy {
                 remaining: ms(int(pttl)),
                 pass_on: false,
                 mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                foreign: int(foreign) == Some(1),
             },
             queued: false,
         }),

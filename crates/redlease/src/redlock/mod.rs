@@ -26,13 +26,14 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::GuardCore;
 use crate::engine::lease::{Lease, LeaseState, Renew, Renewal, drift};
+use crate::engine::metrics::{AcquireCall, Primitive};
 use crate::engine::notify::{Subscription, WakeDebt};
 use crate::engine::request::{Claim, spawn_release};
 use crate::error::{Error, Result, is_transient};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
 use crate::script::reply::{array, int};
-use crate::script::{LuaScript, MUTEX_EXTEND, MUTEX_RELEASE, REDLOCK_ACQUIRE, ScriptCall, eval};
+use crate::script::{LuaScript, MUTEX_EXTEND, REDLOCK_ACQUIRE, REDLOCK_RELEASE, ScriptCall, eval};
 use crate::token::Token;
 
 mod guard;
@@ -77,7 +78,7 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// majorities of two successive holders may share a single master, and which master
 /// that is differs from pair to pair — so no combination of per-master counters (their
 /// maximum, their sum) is guaranteed to rise, least of all after a master restarted
-/// empty. Counters seeded from clocks would need exactly the clock synchronisation a
+/// empty. Counters started from clocks would need exactly the clock synchronisation a
 /// fencing token is meant to make unnecessary. This is Martin Kleppmann's argument in
 /// "How to do distributed locking" (2016). If the protected resource can check a
 /// token, use a single-node [`Mutex`](crate::Mutex) (with replica acknowledgement for
@@ -166,12 +167,12 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] as for [`Client::mutex`](crate::Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](crate::Client#names).
     pub fn mutex(&self, name: &str) -> Result<RedlockMutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A quorum mutex with the given lease options.
+    /// A quorum mutex with the given lease options. Names follow the [name rules](crate::Client#names).
     ///
     /// # Errors
     ///
@@ -193,12 +194,7 @@ impl Redlock {
                 redlock: self.shared.clone(),
                 name: name.into(),
                 channel: keys.aux("wake").into(),
-                keys: Arc::new([keys.key.as_str().into(), keys.aux("meta").into()]),
-                release_keys: Arc::new([
-                    keys.key.as_str().into(),
-                    keys.aux("meta").into(),
-                    keys.aux("q").into(),
-                ]),
+                keys: Arc::new([keys.key.as_str().into()]),
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
             }),
@@ -237,10 +233,8 @@ pub struct RedlockMutex {
 struct MutexShared {
     redlock: Arc<RedlockShared>,
     name: Arc<str>,
-    /// `[lock key, meta key]`, the same on every master.
+    /// `[lock key]`, the same on every master.
     keys: Arc<[Arc<str>]>,
-    /// The keys of the plain mutex's release: `[lock key, meta key, waiters]`.
-    release_keys: Arc<[Arc<str>]>,
     channel: Arc<str>,
     options: LeaseOptions,
     ttl_arg: Arc<str>,
@@ -408,29 +402,22 @@ impl RedlockMutex {
             .max(Duration::from_millis(1))
     }
 
-    /// The plain mutex's release on one master (nobody registers for a hand-over on a
-    /// Redlock, so it only compare-and-deletes).
+    /// The release on one master: compare-and-delete, and a wake-up.
     fn release_call(&self, node: &Context, token: &Token) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
-            &MUTEX_RELEASE,
-            s.release_keys.clone(),
-            Arc::new([
-                token.shared(),
-                s.channel.clone(),
-                node.publish.clone(),
-                "0".into(),
-                "0".into(),
-                "".into(),
-            ]),
+            &REDLOCK_RELEASE,
+            s.keys.clone(),
+            Arc::new([token.shared(), s.channel.clone(), node.publish.clone()]),
         )
     }
 
-    fn extend_call(&self, node: &Context, token: &Token) -> ScriptCall {
+    /// The renewal on one master: the plain mutex's extend.
+    fn extend_call(&self, _node: &Context, token: &Token) -> ScriptCall {
         ScriptCall::new(
             &MUTEX_EXTEND,
             self.shared.keys.clone(),
-            Arc::new([token.shared(), node.retention_arg.clone()]),
+            Arc::new([token.shared()]),
         )
     }
 
@@ -446,6 +433,11 @@ impl RedlockMutex {
     }
 
     async fn acquire(&self, wait: Wait) -> Result<RedlockGuard> {
+        let call = AcquireCall::start(Primitive::Redlock);
+        call.finish(self.acquire_uncounted(wait).await)
+    }
+
+    async fn acquire_uncounted(&self, wait: Wait) -> Result<RedlockGuard> {
         let s = &*self.shared;
         let nodes = self.nodes();
         let quorum = self.quorum();
@@ -586,7 +578,7 @@ impl RedlockMutex {
             limit = limit.min(left.max(Duration::from_millis(1)));
         }
         let token = Token::generate();
-        let cmd = Arc::new(REDLOCK_ACQUIRE.evalsha(&s.keys[..1], &[token.expose(), &s.ttl_arg], None));
+        let cmd = Arc::new(REDLOCK_ACQUIRE.evalsha(&s.keys, &[token.expose(), &s.ttl_arg], None));
         let claims: Vec<Arc<Claim>> = nodes
             .iter()
             .map(|n| Arc::new(Claim::new(n.clone(), &s.name, self.release_call(n, &token), ttl)))
@@ -661,6 +653,7 @@ impl RedlockMutex {
             remaining,
             Renew::Round(round),
             s.options.auto_renew,
+            Some(Primitive::Redlock),
         );
         // Renewed, or watched for running out.
         self.nodes()[0].renewer.schedule(&state);

@@ -6,6 +6,9 @@
 -- KEYS[2]  meta key       {<lock key>}:meta: "<fence> <since_ms> <token> <label>"
 -- KEYS[3]  queue          {<lock key>}:queue: member -> arrival ticket
 -- KEYS[4]  alive          {<lock key>}:alive: member -> deadline (Redis ms)
+-- KEYS[5]  counter        the fencing counter of the lock's hash slot (see mark.lua), so
+-- KEYS[6]  floor          that the fair and the plain mutex of one name share the
+--                         sequence of fencing tokens
 -- ARGV[1]  token          this acquisition's random token
 -- ARGV[2]  member         "<id>:<label>": this acquisition's queue entry
 -- ARGV[3]  ttl_ms         lease length
@@ -42,9 +45,12 @@ if current == ARGV[1] then
     return {1, prev, pttl}
   end
   -- Our lock, but its metadata was lost: issue a fresh fence.
-  local fence, now_ms = next_fence(prev)
+  local fence = take_fence(KEYS[5], KEYS[6])
+  if type(fence) == 'table' then
+    return fence
+  end
   redis.call('SET', KEYS[2],
-    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[4],
+    string.format('%.0f %.0f ', fence, server_ms()) .. ARGV[1] .. ' ' .. ARGV[4],
     'PX', math.max(pttl, 1) + tonumber(ARGV[5]))
   return {1, fence, pttl}
 end
@@ -58,14 +64,19 @@ if head and head ~= ARGV[2] then
   end
 end
 if not current and (not head or head == ARGV[2]) then
+  -- The fencing token first: a counter key of another type fails the call with
+  -- nothing written.
+  local fence = take_fence(KEYS[5], KEYS[6])
+  if type(fence) == 'table' then
+    return fence
+  end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
   if head then
     redis.call('ZREM', KEYS[3], ARGV[2])
     redis.call('ZREM', KEYS[4], ARGV[2])
   end
-  local fence, now_ms = next_fence(prev)
   redis.call('SET', KEYS[2],
-    string.format('%.0f %.0f ', fence, now_ms) .. ARGV[1] .. ' ' .. ARGV[4],
+    string.format('%.0f %.0f ', fence, now or server_ms()) .. ARGV[1] .. ' ' .. ARGV[4],
     'PX', tonumber(ARGV[3]) + tonumber(ARGV[5]))
   return fence
 end

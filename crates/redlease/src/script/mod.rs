@@ -120,10 +120,31 @@ impl std::fmt::Debug for LuaScript {
 }
 
 const FENCE: &str = include_str!("fence.lua");
+const MARK: &str = include_str!("mark.lua");
+/// The plain mutex's token format: who holds a lock key (status, list).
+const OWNER: &str = include_str!("owner.lua");
 const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
 const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
+
+/// The plain mutex's steps as local Lua functions taking that script's `KEYS` and
+/// `ARGV`, for the scripts that apply a step to several names at once: each name then
+/// gets exactly what a plain mutex of that name gets, whatever its scripts write.
+macro_rules! step {
+    ($file:literal) => {
+        concat!(
+            "local function ",
+            $file,
+            "(KEYS, ARGV)\n",
+            include_str!(concat!($file, ".lua")),
+            "\nend\n"
+        )
+    };
+}
+const MUTEX_ACQUIRE_STEP: &str = step!("mutex_acquire");
+const MUTEX_EXTEND_STEP: &str = step!("mutex_extend");
+const MUTEX_RELEASE_STEP: &str = step!("mutex_release");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -143,17 +164,18 @@ macro_rules! script {
     };
 }
 
-script!(MUTEX_ACQUIRE, "mutex_acquire", fenced);
+script!(MUTEX_ACQUIRE, "mutex_acquire", [MARK]);
 script!(MUTEX_EXTEND, "mutex_extend");
-script!(MUTEX_RELEASE, "mutex_release", fenced);
-script!(MUTEX_STATUS, "mutex_status", fenced);
-script!(MUTEX_HANDOFF, "mutex_handoff", fenced);
+script!(MUTEX_RELEASE, "mutex_release", [MARK]);
+script!(MUTEX_STATUS, "mutex_status", [MARK, OWNER]);
+script!(MUTEX_HANDOFF, "mutex_handoff", [MARK]);
+script!(LEASE_EXTEND, "lease_extend");
 script!(CAS, "cas");
 script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
 script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
 script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
 
-script!(FAIR_ACQUIRE, "fair_acquire", [FENCE, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_ACQUIRE, "fair_acquire", [MARK, FENCE, EXPIRY, FAIR_QUEUE]);
 script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
 script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
 script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
@@ -161,7 +183,7 @@ script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
 script!(RW_READ, "rw_read", [EXPIRY]);
 script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
 script!(RW_READ_RELEASE, "rw_read_release", [EXPIRY]);
-script!(RW_WRITE, "rw_write", [FENCE, EXPIRY]);
+script!(RW_WRITE, "rw_write", [MARK, FENCE, EXPIRY]);
 script!(RW_WRITER_HEARTBEAT, "rw_writer_heartbeat", [EXPIRY]);
 script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
 script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
@@ -172,13 +194,20 @@ script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
 script!(SEM_RELEASE, "sem_release", [EXPIRY]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
+script!(LIST_LOCK, "list_lock", [OWNER]);
+
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
+script!(REDLOCK_RELEASE, "redlock_release");
 
 script!(ELECTION_CAMPAIGN, "election_campaign", fenced);
 script!(ELECTION_RENEW, "election_renew");
 script!(ELECTION_RESIGN, "election_resign", [EXPIRY]);
 script!(ELECTION_PROCLAIM, "election_proclaim", [EXPIRY]);
 script!(ELECTION_STATUS, "election_status");
+
+script!(MULTI_ACQUIRE, "multi_acquire", [MARK, MUTEX_ACQUIRE_STEP]);
+script!(MULTI_EXTEND, "multi_extend", [MUTEX_EXTEND_STEP]);
+script!(MULTI_RELEASE, "multi_release", [MARK, MUTEX_RELEASE_STEP]);
 
 /// Every script, for preloading.
 pub(crate) fn all() -> Vec<&'static LuaScript> {
@@ -188,6 +217,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &MUTEX_RELEASE,
         &MUTEX_STATUS,
         &MUTEX_HANDOFF,
+        &LEASE_EXTEND,
         &CAS,
         &LEGACY_ACQUIRE,
         &LEGACY_RENEW,
@@ -208,12 +238,17 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_EXTEND,
         &SEM_RELEASE,
         &SEM_STATUS,
+        &LIST_LOCK,
         &REDLOCK_ACQUIRE,
+        &REDLOCK_RELEASE,
         &ELECTION_CAMPAIGN,
         &ELECTION_RENEW,
         &ELECTION_RESIGN,
         &ELECTION_PROCLAIM,
         &ELECTION_STATUS,
+        &MULTI_ACQUIRE,
+        &MULTI_EXTEND,
+        &MULTI_RELEASE,
     ]
 }
 
@@ -254,8 +289,8 @@ mod tests {
             assert!(!body.is_empty());
         }
         assert!(
-            MUTEX_ACQUIRE.code().starts_with("-- fence.lua"),
-            "fenced scripts carry the prelude"
+            MUTEX_ACQUIRE.code().starts_with("-- mark.lua") && FAIR_STATUS.code().starts_with("-- fence.lua"),
+            "fencing scripts carry their prelude"
         );
         for script in [&*LEGACY_ACQUIRE, &*LEGACY_RENEW, &*LEGACY_RELEASE] {
             assert!(

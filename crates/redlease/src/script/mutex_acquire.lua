@@ -2,75 +2,74 @@
 -- a waiter that finds it held registers, so that a release can hand it the lock.
 --
 -- KEYS[1]  lock key      <prefix><name>: the holder's token as a plain string with a PX
---                        TTL (the format of redis-py's Lock, node-redlock and redsync)
--- KEYS[2]  meta key      {<lock key>}:meta: "<fence> <since_ms> <token> <label>"
--- KEYS[3]  waiters       {<lock key>}:q: "<id> <token> <label>" -> registration deadline
---                        (Redis ms), the waiters a release may hand the lock to
--- ARGV[1]  token         this acquisition's random token
+--                        TTL (the format of redis-py's Lock, node-redlock and redsync);
+--                        redlease's tokens are "<32 hex digits>@<owner label>"
+-- KEYS[2]  counter       the fencing counter of the lock's hash slot (see mark.lua)
+-- KEYS[3]  floor         its floor
+-- KEYS[4]  waiters       {<lock key>}:q: "<id><kind><token>" -> registration deadline
+--                        (Redis ms), the waiters a release may hand the lock to or wake
+-- ARGV[1]  token         this acquisition's token
 -- ARGV[2]  ttl_ms        lease length in milliseconds
--- ARGV[3]  tail          " <token> <label>": the end of the metadata (label: the
---                        owner's, such as host:pid) and of the registration
--- ARGV[4]  meta_px       the metadata's TTL: ttl_ms plus how long it outlives the lease
--- ARGV[5]  id            the waiter's public id (16 hex digits)
--- ARGV[6]  wait          '1': a waiter listening for a hand-over — register when busy,
---                        and leave the registration when acquired; '0': only try
--- ARGV[7]  register_ms   how long a registration lives without a new attempt
+-- ARGV[3]  id            the waiter's public id (16 hex digits) and kind: ' ' a waiter
+--                        a release may hand the lock to, '!' one it may only wake
+-- ARGV[4]  wait          '0': only try; '1': register when busy; '2': register when busy,
+--                        and leave the registration of an earlier attempt when acquired
+-- ARGV[5]  register_ms   how long a registration lives without a new attempt
 --
--- Reply: fence            (an integer) acquired now, for the full ttl_ms
---        {1, fence, pttl}  already ours: a retry after a lost reply, or a lock a release
---                          handed us, with its fence and what is left
---        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none),
---                          at most half the registration's life for a registered waiter
---                          (it must try again before the registration lapses)
---        {0, pttl, mark}   the same, for a registered waiter, with the fencing mark (a
---                          decimal string): a hand-over with a higher fence was made
---                          after this attempt, one with a lower or equal fence before it
+-- Reply: fence             (an integer) acquired now, for the full ttl_ms
+--        {1, fence, pttl}  already ours — a retry after a lost reply, or a lock a release
+--                          handed us — with a fresh fencing token and what is left
+--        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none)
+--        {0, pttl, mark, foreign}
+--                          the same for a registering waiter, pttl at most half the
+--                          registration's life (it must try again before that lapses),
+--                          with the slot's fencing mark (a decimal string, false when
+--                          none): a hand-over with a higher fence was made after this
+--                          attempt ran; foreign is 1 when the holder is not a redlease
+--                          plain mutex (its token is not "<32 hex>@<label>", or the key
+--                          has no TTL), whose release announces nothing: the waiter polls
 --
--- Three calls when the lock is free (SET NX, TIME, and a SET that writes the metadata
--- and reads the previous fencing mark), three when it is held. Nothing is left
--- half-done: SET NX on a key of another type just fails (the GET that follows raises
--- WRONGTYPE before any write), and a metadata key of another type undoes the SET.
+-- Two calls when the lock is free: SET NX and INCR. Nothing is left half-done: SET NX
+-- on a key of another type just fails (the GET that follows raises WRONGTYPE before
+-- any write), and a counter key of another type undoes the SET.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = issue_fence(KEYS[2], ARGV[3], ARGV[4])
+  local fence = take_fence(KEYS[2], KEYS[3])
   if type(fence) == 'table' then
     redis.call('DEL', KEYS[1])
     return fence
   end
-  if ARGV[6] == '1' then
-    redis.call('ZREM', KEYS[3], ARGV[5] .. ARGV[3])
+  if ARGV[4] == '2' then
+    redis.call('ZREM', KEYS[4], ARGV[3] .. ARGV[1])
   end
   return fence
 end
+local current = redis.call('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  if ARGV[6] == '1' then
-    local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    local life = tonumber(ARGV[7])
-    redis.call('ZADD', KEYS[3], now + life, ARGV[5] .. ARGV[3])
-    redis.call('PEXPIRE', KEYS[3], life, 'GT')
-    if redis.call('PTTL', KEYS[3]) == -1 then
-      redis.call('PEXPIRE', KEYS[3], life)
-    end
-    if pttl < 0 or pttl > life / 2 then
-      pttl = math.floor(life / 2)
-    end
-    -- The fencing mark now: a hand-over with a higher fence comes after this attempt.
-    local meta = redis.call('GET', KEYS[2])
-    local mark = meta and string.match(meta, '^%d+')
-    if mark then
-      return {0, pttl, mark}
-    end
+if current == ARGV[1] then
+  -- Ours already: a retry of a request whose reply was lost, or a lock handed to us.
+  -- A fresh fencing token is as good as the first (issued while we hold the lock).
+  local fence = take_fence(KEYS[2], KEYS[3])
+  if type(fence) == 'table' then
+    return fence
   end
+  return {1, fence, pttl}
+end
+if ARGV[4] == '0' then
   return {0, pttl}
 end
--- Ours already: a retry of a request whose reply was lost, or a lock handed to us.
-local meta = redis.call('GET', KEYS[2])
-local prev, _, meta_token = parse_meta(meta)
-if meta_token == ARGV[1] then
-  return {1, prev, pttl}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local life = tonumber(ARGV[5])
+redis.call('ZADD', KEYS[4], now + life, ARGV[3] .. ARGV[1])
+redis.call('PEXPIRE', KEYS[4], life, 'GT')
+if redis.call('PTTL', KEYS[4]) == -1 then
+  redis.call('PEXPIRE', KEYS[4], life)
 end
--- Our lock, but its metadata was lost: issue a fresh fence.
-local fence, now_ms = next_fence(prev)
-redis.call('SET', KEYS[2], string.format('%.0f %.0f', fence, now_ms) .. ARGV[3], 'PX', ARGV[4])
-return {1, fence, pttl}
+local foreign = 0
+if pttl == -1 or string.byte(current, 33) ~= 64 then
+  foreign = 1
+end
+if pttl < 0 or pttl > life / 2 then
+  pttl = math.floor(life / 2)
+end
+return {0, pttl, fence_mark(KEYS[2], KEYS[3]) or false, foreign}

@@ -1,10 +1,9 @@
--- mutex_extend.lua: renew or extend the lease of the holder of a plain mutex.
+-- mutex_extend.lua: renew or extend the lease of the holder of a plain mutex (or of a
+-- Redlock on one of its masters).
 --
 -- KEYS[1]  lock key
--- KEYS[2]  meta key
 -- ARGV[1]  token         the holder's token
--- ARGV[2]  retention_ms  how long the metadata outlives the lease
--- ARGV[3]  ttl_ms        the lease lasts at least this long from now (always the last
+-- ARGV[2]  ttl_ms        the lease lasts at least this long from now (always the last
 --                        argument)
 --
 -- Reply: 1  the token holds the lock; its TTL is now at least ttl_ms
@@ -18,6 +17,5 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[3], 'GT')
-redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[2]), 'GT')
+redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
 return 1

@@ -4,33 +4,30 @@
 -- own. Used when the next waiter is a task of the same client.
 --
 -- KEYS[1]  lock key
--- KEYS[2]  meta key      "<fence> <since_ms> <token> <label>"
+-- KEYS[2]  counter       the fencing counter of the lock's hash slot (see mark.lua)
+-- KEYS[3]  floor         its floor
 -- ARGV[1]  old token     the current holder's token
 -- ARGV[2]  new token     the next holder's token
 -- ARGV[3]  ttl_ms        the next holder's lease
--- ARGV[4]  tail          " <new token> <label>": the end of the metadata
--- ARGV[5]  meta_px       the metadata's TTL: ttl_ms plus how long it outlives the lease
 --
 -- Reply: fence            (an integer) handed over now, for the full ttl_ms
---        {1, fence, pttl}  already handed over: a retry after a lost reply
+--        {1, fence, pttl}  already handed over — a retry after a lost reply — with a
+--                          fresh fencing token and what is left
 --        0                 the old token does not hold the lock; nothing was changed
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[2] then
-  -- Already handed over: a retry after a lost reply.
-  local pttl = redis.call('PTTL', KEYS[1])
-  local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
-  if meta_token == ARGV[2] then
-    return {1, prev, pttl}
+  local fence = take_fence(KEYS[2], KEYS[3])
+  if type(fence) == 'table' then
+    return fence
   end
-  local fence, now_ms = next_fence(prev)
-  redis.call('SET', KEYS[2], string.format('%.0f %.0f', fence, now_ms) .. ARGV[4], 'PX', ARGV[5])
-  return {1, fence, pttl}
+  return {1, fence, redis.call('PTTL', KEYS[1])}
 end
 if current ~= ARGV[1] then
   return 0
 end
--- The metadata first: a key of the wrong type fails the call with nothing written.
-local fence = issue_fence(KEYS[2], ARGV[4], ARGV[5])
+-- The fencing token first: a counter key of another type fails the call with nothing
+-- written.
+local fence = take_fence(KEYS[2], KEYS[3])
 if type(fence) == 'table' then
   return fence
 end

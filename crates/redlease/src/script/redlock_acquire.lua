@@ -12,7 +12,7 @@
 --        {0, pttl}  held by someone else; pttl is its remaining TTL (-1: none)
 --
 -- No fencing metadata is written: a Redlock gives no fencing token (see redlock.rs).
--- Release and renewal use mutex_release.lua and mutex_extend.lua.
+-- Release and renewal use redlock_release.lua and mutex_extend.lua.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end

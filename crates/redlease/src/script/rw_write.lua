@@ -5,6 +5,9 @@
 -- KEYS[2]  meta key       {<lock key>}:meta: "<fence> <since_ms> <token> <label>"
 -- KEYS[3]  readers        {<lock key>}:readers: reader token -> lease deadline (Redis ms)
 -- KEYS[4]  writers        {<lock key>}:writers: writer token -> registration deadline
+-- KEYS[5]  counter        the fencing counter of the lock's hash slot (see mark.lua), so
+-- KEYS[6]  floor          that the writer and a plain mutex of one name share the
+--                         sequence of fencing tokens
 -- ARGV[1]  token          this acquisition's random token
 -- ARGV[2]  ttl_ms         lease length
 -- ARGV[3]  label          owner label
@@ -24,9 +27,14 @@
 -- Six calls when free (seven when waiting was allowed). Idempotent: a retry finds its
 -- token in the lock, or refreshes its registration.
 local prev, _, meta_token = parse_meta(redis.call('GET', KEYS[2]))
-local fence, now = next_fence(prev)
+local now = server_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = take_fence(KEYS[5], KEYS[6])
+  if type(fence) == 'table' then
+    redis.call('DEL', KEYS[1])
+    return fence
+  end
   if ARGV[6] == '1' then
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
@@ -39,6 +47,10 @@ local pttl = redis.call('PTTL', KEYS[1])
 if pttl ~= -2 and redis.call('GET', KEYS[1]) == ARGV[1] then
   if meta_token == ARGV[1] then
     return {1, prev, pttl}
+  end
+  local fence = take_fence(KEYS[5], KEYS[6])
+  if type(fence) == 'table' then
+    return fence
   end
   redis.call('SET', KEYS[2],
     string.format('%.0f %.0f ', fence, now) .. ARGV[1] .. ' ' .. ARGV[3],

@@ -10,7 +10,8 @@ use redis::{Cmd, RedisResult, Value};
 
 use super::CommandConnection;
 use super::cluster::NodeBatcher;
-use super::pipeline::{group_by, key_slot, one_pipeline, scatter};
+use super::pipeline::{group_by, one_pipeline, scatter};
+use crate::keys::key_slot;
 
 /// How a batch of commands travels.
 #[derive(Clone, Debug, Default)]

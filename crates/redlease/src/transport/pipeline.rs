@@ -66,49 +66,9 @@ pub(crate) fn scatter(
         .collect()
 }
 
-/// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (or of the whole key),
-/// modulo 16384.
-pub(crate) fn key_slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(close) if close > 0 => &key[open + 1..open + 1 + close],
-            _ => key,
-        },
-        None => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in hashed {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_match_redis() {
-        // The examples of Redis's CLUSTER KEYSLOT documentation.
-        assert_eq!(key_slot(b"somekey"), 11058);
-        assert_eq!(key_slot(b"foo{hash_tag}"), 2515);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        // And redis-rs's own routing, for a spread of keys.
-        for i in 0..1000 {
-            let key = format!("redlease:lock-{i}");
-            let theirs = format!("{:?}", redis::cluster_routing::Slot::for_key(&key));
-            assert_eq!(theirs, format!("Slot({})", key_slot(key.as_bytes())));
-        }
-        // An empty tag hashes the whole key.
-        assert_ne!(key_slot(b"a{}b"), key_slot(b""));
-    }
 
     #[test]
     fn groups_keep_first_appearance_order_and_scatter_restores_it() {

@@ -86,6 +86,27 @@ pub async fn all_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(Stri
     out
 }
 
+/// Every key with its PTTL, like [`all_keys`], but the fencing counters and floors of
+/// the plain mutexes (`{redlease:fence}` and its floor; on a cluster one pair per slot).
+pub async fn keys_but_fencing(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
+    let mut keys = all_keys(conn).await;
+    keys.retain(|(k, _)| !k.starts_with("{redlease:fence"));
+    keys
+}
+
+/// Checks that `mark`, a lock's fencing mark as `status` reports it, is that of a slot
+/// whose last token is `fence`: the token itself while the slot's counter lives, or
+/// afterwards its floor, one counter life (100 ms, in microseconds) above the seed the
+/// token came from.
+#[track_caller]
+pub fn assert_mark(mark: Option<redlease::FencingToken>, fence: redlease::FencingToken, what: &str) {
+    let mark = mark.unwrap_or_else(|| panic!("{what}: no fencing mark"));
+    assert!(
+        mark >= fence && mark.get() <= fence.get() + 100_000,
+        "{what}: mark {mark} for the last token {fence}"
+    );
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx]

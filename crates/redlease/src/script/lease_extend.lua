@@ -1,0 +1,24 @@
+-- lease_extend.lua: renew or extend the lease of the holder of a lock key that has a
+-- metadata key beside it (the fair mutex's and the read-write lock's writer).
+--
+-- KEYS[1]  lock key
+-- KEYS[2]  meta key
+-- ARGV[1]  token         the holder's token
+-- ARGV[2]  retention_ms  how long the metadata outlives the lease
+-- ARGV[3]  ttl_ms        the lease lasts at least this long from now (always the last
+--                        argument)
+--
+-- Reply: 1  the token holds the lock; its TTL is now at least ttl_ms
+--        0  the token does not hold the lock (released, expired or taken over);
+--           nothing was changed
+--
+-- Never shortens the lease (PEXPIRE GT): renewals and extends of one lease may be in
+-- flight together and run in any order, and the lease is then the longest any of them
+-- asked for — never less than what the holder was told. Idempotent: a retry of the
+-- same request changes nothing more.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3], 'GT')
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]) + tonumber(ARGV[2]), 'GT')
+return 1
