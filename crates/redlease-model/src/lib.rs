@@ -30,6 +30,7 @@
 //! client.rs    the lease engine as a state machine (engine/lease.rs, acquire.rs)
 //! model.rs     stateright's Model: the state, the steps, the properties
 //! trace.rs     counterexamples as readable traces
+//! scripts.rs   the mirrored scripts and the hashes they were reviewed at
 //! ```
 //!
 //! Multi-lock (all-or-nothing over several keys) is not modelled yet: it would be a
@@ -42,6 +43,7 @@ pub mod client;
 pub mod config;
 pub mod model;
 pub mod net;
+pub mod scripts;
 pub mod server;
 pub mod trace;
 
