@@ -255,13 +255,48 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
             background(kind, before, after, c)
         ),
         Action::Deliver(i) => match before.net[i] {
+            Msg::Request {
+                from,
+                req:
+                    Req::Pipeline {
+                        token,
+                        stage: Stage::Set,
+                    },
+                ..
+            } if !model.pipeline_back_to_back => {
+                let taken = after.server.lock.is_some_and(|k| k.token == token)
+                    && before.server.lock.is_none_or(|k| k.token != token);
+                format!(
+                    "server runs the SET NX PX of {token}'s pipeline from {} → {} (its INCR follows); {}",
+                    who(from),
+                    if taken { "OK" } else { "nil (held)" },
+                    key_text(after, now)
+                )
+            }
             Msg::Request { from, slot, req, .. } => {
                 let new = added(before, after);
                 let (reply, _) = model.execute(&mut before.server.clone(), req);
+                let text = match (req, reply) {
+                    (
+                        Req::Pipeline {
+                            stage: Stage::Incr { .. },
+                            ..
+                        },
+                        Reply::Pipeline { taken: false, .. },
+                    ) => "not used (its SET did not set)".to_string(),
+                    (
+                        Req::Pipeline {
+                            stage: Stage::Incr { .. },
+                            ..
+                        },
+                        Reply::Pipeline { fence: Some(f), .. },
+                    ) => format!("fence {f}"),
+                    _ => reply_text(&reply),
+                };
                 let answer = if slot != Slot::Background {
-                    format!(" → {}", reply_text(&reply))
+                    format!(" → {text}")
                 } else {
-                    format!(" → {} (nobody reads it)", reply_text(&reply))
+                    format!(" → {text} (nobody reads it)")
                 };
                 let grant = new
                     .iter()
@@ -323,7 +358,7 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
             if matches!(action, Action::Renew(_)) {
                 "renewal task"
             } else {
-                "extend(): "
+                "extend()"
             },
             last_request(kind, before, after, c)
         ),
