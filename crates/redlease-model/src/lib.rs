@@ -28,7 +28,9 @@
 //! net.rs       tokens, requests, replies, the network
 //! server.rs    Redis: keys with expiry, one function per script (named by its .lua)
 //! client.rs    the lease engine as a state machine (engine/lease.rs, acquire.rs)
-//! model.rs     stateright's Model: the state, the steps, the properties
+//! model.rs     stateright's Model: the state, the actions, the properties
+//! steps.rs     what each action does: scripts on the server, replies on the clients
+//! canonical.rs states that behave the same made one (relative time, renumbered tokens)
 //! trace.rs     counterexamples as readable traces
 //! scripts.rs   the mirrored scripts and the hashes they were reviewed at
 //! ```
@@ -38,6 +40,7 @@
 //! release run over all of them in one step, and whose belief property counts a holder
 //! once per key.
 
+pub mod canonical;
 pub mod checks;
 pub mod client;
 pub mod config;
@@ -45,6 +48,7 @@ pub mod model;
 pub mod net;
 pub mod scripts;
 pub mod server;
+mod steps;
 pub mod trace;
 
 pub use config::{Bounds, Kind, Rules, Timing, Variant};

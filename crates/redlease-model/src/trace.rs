@@ -5,9 +5,10 @@ use std::fmt::Write;
 
 use stateright::{Expectation, Model, Path};
 
+use crate::canonical::canonical_msg;
 use crate::client::{Phase, ReleaseStep};
 use crate::config::Kind;
-use crate::model::{Action, LockModel, State, canonical_msg};
+use crate::model::{Action, LockModel, State};
 use crate::net::{Msg, Reply, Req, Slot, Stage, Tok, client_name};
 
 /// The trace of `path`, ending with what is wrong in its last state.
