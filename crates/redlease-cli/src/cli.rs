@@ -38,6 +38,10 @@ If the lease is lost while CMD runs (the key was deleted or taken over, or Redis
 not be reached before the lease ran out), CMD gets --lost-signal, then SIGKILL after \
 --grace, and redlease exits with status 79.
 
+If redlease itself dies (SIGKILL, the OOM killer), CMD gets --lost-signal from the kernel \
+at once (Linux only: elsewhere CMD keeps running); the lock lapses --ttl after the last \
+renewal.
+
 Exit status: CMD's own; 128+N if CMD died of signal N; 75 if the lock was not acquired; \
 79 if the lease was lost while CMD ran; 69 if Redis is unreachable; 126/127 if CMD could \
 not be run; 2 for usage errors.";
@@ -52,8 +56,9 @@ redlease are passed on to CMD, as for `run`.
 
 If leadership is lost while CMD runs (the lease could not be renewed, or the key was \
 deleted), CMD gets --lost-signal, then SIGKILL after --grace, and redlease exits with \
-status 79. If redlease itself is killed with SIGKILL, CMD is not told: it keeps running \
-while another candidate takes over, and only the term can keep the two apart.
+status 79. If redlease itself dies (SIGKILL, the OOM killer), CMD gets --lost-signal \
+from the kernel at once (Linux only: elsewhere CMD keeps running while another candidate \
+takes over, and only the term can keep the two apart).
 
 Exit status: CMD's own; 128+N if CMD died of signal N; 75 if this candidate was not \
 elected within --wait; 79 if leadership was lost while CMD ran; 69 if Redis is \
@@ -69,18 +74,20 @@ unreachable; 126/127 if CMD could not be run; 2 for usage errors.";
 #[command(name = "redlease", version, after_help = EXIT_STATUS_HELP)]
 pub struct Cli {
     /// Redis to use: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// for TLS,
-    /// redis+unix:///PATH for a socket. Give it several times with --cluster (seed nodes)
+    /// redis+unix:///PATH for a socket. Give it several times with --cluster (nodes of the cluster)
     /// or --redlock (independent masters)
     #[arg(long, global = true, help_heading = "Global options", value_name = "URL", env = "REDIS_URL", hide_env_values = true, default_value = DEFAULT_URL, action = ArgAction::Append)]
     pub redis: Vec<String>,
 
-    /// Key prefix: lock NAME lives at key <P><NAME> (may be empty: --prefix '')
-    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX)]
+    /// Key prefix: lock NAME lives at key <P><NAME>. May be empty (--prefix ''); like a
+    /// NAME, at most 1024 bytes and no control characters
+    #[arg(long, global = true, help_heading = "Global options", value_name = "P", default_value = redlease::DEFAULT_PREFIX, value_parser = prefix, allow_hyphen_values = true)]
     pub prefix: String,
 
-    /// How long to wait for each Redis reply, at most 30 days (a request that times out
-    /// is retried for a few seconds before redlease gives up with status 69)
-    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout)]
+    /// How long to wait for each Redis reply, 1ms to 30 days (a request that times out is
+    /// retried for a few seconds before redlease gives up with status 69). There is no
+    /// "no timeout": 0 is refused; a long timeout such as 30days comes closest
+    #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout, allow_hyphen_values = true)]
     pub response_timeout: Duration,
 
     #[command(flatten)]
@@ -93,7 +100,7 @@ pub struct Cli {
 /// Where the locks live, beyond one plain Redis.
 #[derive(Debug, Clone, Default, Args)]
 pub struct TopologyArgs {
-    /// The --redis URLs are seed nodes of a Redis Cluster
+    /// The --redis URLs are nodes of a Redis Cluster (any of them; the rest are discovered)
     #[arg(long, global = true, help_heading = "Topology and security", conflicts_with_all = ["redlock", "sentinel"])]
     pub cluster: bool,
 
@@ -158,13 +165,21 @@ pub struct TopologyArgs {
 
     /// How long --wait-replicas waits for the replicas: at least 1ms, at most half the
     /// --ttl and shorter than --response-timeout
-    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = replica_timeout, requires = "wait_replicas")]
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "DUR", default_value = "500ms", value_parser = replica_timeout, requires = "wait_replicas", allow_hyphen_values = true)]
     pub replica_timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD while holding a lock, renewing its lease until CMD exits (like flock(1))
+    ///
+    /// With several NAMEs, holds all of them at once: each is the plain lock of that
+    /// name, and they are taken all or none — never holding some while waiting for the
+    /// others, so commands that list the same names in different orders cannot
+    /// deadlock. CMD then gets REDLEASE_FENCE_1, REDLEASE_FENCE_2, … (the fencing token
+    /// of each NAME, in the order given), REDLEASE_NAME_1, … and REDLEASE_KEY_1, …;
+    /// REDLEASE_NAME and REDLEASE_KEY list the names and keys joined with '+', and
+    /// REDLEASE_FENCE is not set (no single token fences several resources).
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
 
@@ -191,6 +206,14 @@ pub enum Command {
     /// Exit status 0 whether or not the lock is held (see `held` in --json).
     Status(StatusArgs),
 
+    /// List every held lock under the prefix, of every kind, whose name matches PATTERN
+    ///
+    /// Mutexes, fair mutexes, read-write locks, semaphores, elections and legacy locks,
+    /// and locks other libraries hold in keys under the prefix (owner "(another
+    /// library)"). Found with SCAN (never KEYS), on a cluster on every master; never
+    /// shows a token. Exit status 0 whether or not anything is held.
+    List(ListArgs),
+
     /// Run CMD while this process is the elected leader of NAME: one leader at a time
     ///
     /// Waits until this candidate leads, then runs CMD with REDLEASE_TERM; resigns when
@@ -201,7 +224,7 @@ pub enum Command {
         mut_arg("ttl", |a| a.help("Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if redlease dies, another candidate may lead this long after the last renewal")),
         mut_arg("wait", |a| a.help("Give up (exit status 75) if this candidate does not lead within DUR [default: wait as long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent waits without limit")),
         mut_arg("no_wait", |a| a.help("Give up at once (exit status 75) if another candidate leads")),
-        mut_arg("lost_signal", |a| a.help("Signal sent to CMD when leadership is lost (name or number)")),
+        mut_arg("lost_signal", |a| a.help("Signal sent to CMD when leadership is lost, or (Linux) when redlease itself dies (name or number)")),
     )]
     Elect(ElectArgs),
 
@@ -236,6 +259,66 @@ pub enum Command {
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
+
+    /// Print the man page (roff), or write one page per command into a directory
+    ///
+    /// For example: redlease man > ~/.local/share/man/man1/redlease.1, or
+    /// redlease man --dir ~/.local/share/man/man1 for redlease.1, redlease-run.1, ...
+    Man {
+        /// Write redlease.1 and a page for every subcommand (redlease-run.1, ...) here
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// The NAME a command acts on: a positional argument, or `--name NAME` for a name that
+/// starts with `-` (which would otherwise be read as an option).
+#[derive(Debug, Clone, Args)]
+#[group(id = "lock_name", required = true, multiple = false)]
+pub struct NameArg {
+    /// The name; the key is <PREFIX><NAME>. At most 1024 bytes, no control characters,
+    /// no unbalanced '{' or '}'. A NAME that starts with '-' goes in --name
+    #[arg(value_name = "NAME", value_parser = name)]
+    positional: Option<String>,
+
+    /// The name, as an option: for a NAME that starts with '-' (--name -dash or
+    /// --name=-dash)
+    #[arg(long = "name", value_name = "NAME", value_parser = name, allow_hyphen_values = true)]
+    option: Option<String>,
+}
+
+impl NameArg {
+    /// The name, however it was given.
+    pub fn get(&self) -> &str {
+        self.positional
+            .as_deref()
+            .or(self.option.as_deref())
+            .unwrap_or_default()
+    }
+}
+
+/// The NAMEs `run` holds: positional arguments, and `--name NAME` (repeatable) for names
+/// that start with `-`.
+#[derive(Debug, Clone, Args)]
+#[group(id = "lock_names", required = true, multiple = true)]
+pub struct NamesArg {
+    /// The lock's name; the key is <PREFIX><NAME>. Give several to hold them all. At most
+    /// 1024 bytes, no control characters, no unbalanced '{' or '}'. A NAME that starts
+    /// with '-' goes in --name
+    #[arg(value_name = "NAME", value_parser = name, num_args = 1..)]
+    positional: Vec<String>,
+
+    /// A name, as an option: for a NAME that starts with '-' (--name -dash or
+    /// --name=-dash); may be given several times
+    #[arg(long = "name", value_name = "NAME", value_parser = name, allow_hyphen_values = true, action = ArgAction::Append)]
+    option: Vec<String>,
+}
+
+impl NamesArg {
+    /// Every name, positional ones first, in the order given.
+    pub fn all(&self) -> Vec<String> {
+        self.positional.iter().chain(&self.option).cloned().collect()
+    }
 }
 
 /// How long to wait for a held lock.
@@ -244,7 +327,7 @@ pub struct WaitArgs {
     /// Give up (exit status 75) if the lock is not acquired within DUR [default: wait as
     /// long as it takes]. 0s tries once, like --no-wait; a DUR too long to represent
     /// (such as 1000000000000years) waits without limit, as if --wait were left out
-    #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait")]
+    #[arg(long, value_name = "DUR", value_parser = wait_limit, conflicts_with = "no_wait", allow_hyphen_values = true)]
     pub wait: Option<Duration>,
 
     /// Give up at once (exit status 75) if the lock is held
@@ -257,19 +340,20 @@ pub struct WaitArgs {
 pub struct ChildArgs {
     /// Lease length, 10ms to 30 days: renewed every third of it while CMD runs; if
     /// redlease dies, the lock frees itself this long after the last renewal
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 
     #[command(flatten)]
     pub wait: WaitArgs,
 
-    /// Signal sent to CMD when the lease is lost (name or number)
+    /// Signal sent to CMD when the lease is lost, or (Linux) when redlease itself dies
+    /// (name or number)
     #[arg(long, value_name = "SIGNAL", default_value = "TERM", value_parser = signal)]
     pub lost_signal: Signal,
 
     /// How long CMD may take to exit after --lost-signal before it gets SIGKILL (at most
     /// 30 days)
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = grace)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = grace, allow_hyphen_values = true)]
     pub grace: Duration,
 
     /// The command to run, and its arguments (after `--`)
@@ -279,9 +363,8 @@ pub struct ChildArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub names: NamesArg,
 
     /// Take the lock in arrival order (a FIFO queue across all clients)
     #[arg(long, conflicts_with = "legacy")]
@@ -304,7 +387,7 @@ pub struct RunArgs {
 /// The unit of a legacy lock's timestamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LegacyUnit {
-    /// Unix seconds (as the seed articles write it)
+    /// Unix seconds (what `SETNX lock.foo <unix time + timeout + 1>` clients store)
     S,
     /// Unix milliseconds
     Ms,
@@ -325,9 +408,8 @@ pub enum SemaphoreCommand {
 
 #[derive(Debug, Args)]
 pub struct SemaphoreRunArgs {
-    /// The semaphore's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// How many permits the semaphore has; every user of NAME must pass the same number
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
@@ -343,9 +425,8 @@ pub struct SemaphoreRunArgs {
 
 #[derive(Debug, Args)]
 pub struct SemaphoreStatusArgs {
-    /// The semaphore's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The limit to report when no permit is held (while permits are held, the stored
     /// limit is shown)
@@ -372,9 +453,8 @@ pub enum RwlockCommand {
 
 #[derive(Debug, Args)]
 pub struct RwlockStatusArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, write_held, writer, ttl_ms, fence, last_fence,
     /// since_ms, readers, waiting_writers
@@ -385,9 +465,8 @@ pub struct RwlockStatusArgs {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("mode").required(true).args(["read", "write"])))]
 pub struct RwlockRunArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Take a read (shared) share
     #[arg(long)]
@@ -403,13 +482,12 @@ pub struct RwlockRunArgs {
 
 #[derive(Debug, Args)]
 pub struct AcquireArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Lease length, 10ms to 30 days: the lock frees itself this long after it was
     /// taken (or extended)
-    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 
     #[command(flatten)]
@@ -422,9 +500,8 @@ pub struct AcquireArgs {
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The token `acquire` printed
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
@@ -433,9 +510,8 @@ pub struct ReleaseArgs {
 
 #[derive(Debug, Args)]
 pub struct ExtendArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The token `acquire` printed
     #[arg(long, value_name = "T", env = "REDLEASE_TOKEN", hide_env_values = true, value_parser = token)]
@@ -443,15 +519,14 @@ pub struct ExtendArgs {
 
     /// The lease lasts at least this long from now (10ms to 30 days); it is never
     /// shortened
-    #[arg(long, value_name = "DUR", value_parser = ttl)]
+    #[arg(long, value_name = "DUR", value_parser = ttl, allow_hyphen_values = true)]
     pub ttl: Duration,
 }
 
 #[derive(Debug, Args)]
 pub struct ElectArgs {
-    /// The election's name (the leader's key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// The value this candidate publishes while it leads, such as its address (shown by
     /// `redlease leader NAME`; at most 64 KiB) [default: empty]
@@ -464,9 +539,8 @@ pub struct ElectArgs {
 
 #[derive(Debug, Args)]
 pub struct LeaderArgs {
-    /// The election's name (the leader's key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, leader (whether someone leads), value, term,
     /// owner, ttl_ms, since_ms. With --watch, one per line, with event (elected,
@@ -481,10 +555,23 @@ pub struct LeaderArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only locks whose NAME matches this glob: * any characters, ? one, [abc] one of,
+    /// [^a] not, \ escapes (quote it from the shell: 'job-*')
+    #[arg(value_name = "PATTERN", default_value = "*")]
+    pub pattern: String,
+
+    /// Print one JSON array of objects: kind (mutex, fair mutex, rwlock, semaphore,
+    /// election, legacy), name, key, held, owner (null when unknown), foreign (another
+    /// library holds it), ttl_ms, fence (null where none), waiters, holders
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The lock's name (the key is <PREFIX><NAME>)
-    #[arg(value_parser = name)]
-    pub name: String,
+    #[command(flatten)]
+    pub name: NameArg,
 
     /// Print one JSON object: name, key, held, owner, ttl_ms, fence, last_fence,
     /// since_ms, waiters (with --fair: waiters is the queue length, and queue lists the
@@ -505,12 +592,15 @@ pub struct DemoArgs {
     pub workers: u16,
 
     /// How long the workers run (at most 30 days)
-    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = demo_duration)]
+    #[arg(long, value_name = "DUR", default_value = "8s", value_parser = demo_duration, allow_hyphen_values = true)]
     pub duration: Duration,
 }
 
 /// The longest `--grace`, `--duration` and `--response-timeout`: the longest lease.
 pub const LONGEST: Duration = redlease::MAX_TTL;
+
+/// The shortest `--response-timeout`.
+pub const SHORTEST_RESPONSE_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// The shortest `--replica-timeout` (Redis's `WAIT 0` would block forever).
 pub const SHORTEST_REPLICA_TIMEOUT: Duration = Duration::from_millis(1);
@@ -524,8 +614,21 @@ fn explain(e: &humantime::DurationError) -> String {
     format!("{e} (write durations like 500ms, 30s, 2m or 1h30m)")
 }
 
+/// Refuses what starts with `-`: a negative duration, or an option taken for the value
+/// (duration options accept values that start with `-` so that they can say so).
+fn not_negative(s: &str) -> Result<(), String> {
+    match s.trim_start().strip_prefix('-') {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') => {
+            Err("durations cannot be negative".into())
+        }
+        Some(_) => Err("expected a duration such as 30s, not an option (give this option a value)".into()),
+        None => Ok(()),
+    }
+}
+
 /// A duration between `min` and `max`; anything else is refused with the range.
 fn bounded(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    not_negative(s)?;
     let range = format!("the allowed range is {} to {}", show(min), show(max));
     let d = match humantime::parse_duration(s.trim()) {
         Err(humantime::DurationError::NumberOverflow) if too_long(s) => {
@@ -583,6 +686,7 @@ fn ttl(s: &str) -> Result<Duration, String> {
 /// `--wait`: a human duration; one too long to represent is `Duration::MAX`, which
 /// waits without limit (see [`WaitArgs::how`]).
 fn wait_limit(s: &str) -> Result<Duration, String> {
+    not_negative(s)?;
     match humantime::parse_duration(s.trim()) {
         Err(humantime::DurationError::NumberOverflow) if too_long(s) => Ok(Duration::MAX),
         parsed => parsed.map_err(|e| explain(&e)),
@@ -597,8 +701,9 @@ fn demo_duration(s: &str) -> Result<Duration, String> {
     bounded(s, Duration::ZERO, LONGEST)
 }
 
+/// `--response-timeout`: at least 1ms — a zero timeout would fail every request.
 fn response_timeout(s: &str) -> Result<Duration, String> {
-    bounded(s, Duration::ZERO, LONGEST)
+    bounded(s, SHORTEST_RESPONSE_TIMEOUT, LONGEST)
 }
 
 /// `--replica-timeout`: at most half the longest lease (the library also checks it
@@ -613,14 +718,25 @@ fn name(s: &str) -> Result<String, String> {
     if s.is_empty() {
         return Err("the lock name must not be empty".into());
     }
+    key_part(s, "the lock name")
+}
+
+/// `--prefix`: the rules of a name, except that it may be empty.
+fn prefix(s: &str) -> Result<String, String> {
+    key_part(s, "the prefix")
+}
+
+/// What names and the prefix share: at most `MAX_NAME_LEN` bytes, no control characters.
+fn key_part(s: &str, what: &str) -> Result<String, String> {
     if s.len() > redlease::MAX_NAME_LEN {
         return Err(format!(
-            "the lock name is longer than {} bytes",
+            "{what} is {} bytes long; at most {} are allowed",
+            s.len(),
             redlease::MAX_NAME_LEN
         ));
     }
     if s.chars().any(char::is_control) {
-        return Err("the lock name contains control characters".into());
+        return Err(format!("{what} contains control characters"));
     }
     Ok(s.to_owned())
 }

@@ -9,11 +9,12 @@ use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::{self, Cli, Command, TopologyArgs};
 use crate::exit::{self, Failure};
+use crate::output;
 
 /// What every subcommand that talks to Redis needs.
 #[derive(Clone)]
 pub struct Global {
-    /// Every `--redis` URL (seed nodes with --cluster, masters with --redlock).
+    /// Every `--redis` URL (cluster nodes with --cluster, masters with --redlock).
     pub urls: Vec<String>,
     /// The first of them: the one server of a plain set-up.
     pub url: String,
@@ -30,9 +31,11 @@ pub struct Global {
 /// status 2 on a usage error (clap's).
 pub fn parse() -> (Command, Global) {
     // Parse by hand to learn whether --redis was given.
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command()
+        .try_get_matches()
+        .unwrap_or_else(|e| shown_safely(e).exit());
     let url_given = !matches!(matches.value_source("redis"), Some(ValueSource::DefaultValue));
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| shown_safely(e).exit());
     let url = cli
         .redis
         .first()
@@ -55,6 +58,38 @@ pub fn parse() -> (Command, Global) {
     (cli.command, global)
 }
 
+/// A usage error whose quoted arguments — a rejected value, an unknown option — are
+/// escaped and shortened (see [`output::shown`]): what was typed is echoed, but a
+/// control character in it cannot rewrite the terminal, and a 10 KB value does not
+/// fill it.
+pub fn shown_safely(mut e: clap::Error) -> clap::Error {
+    use clap::error::ContextValue;
+    let quoted: Vec<_> = e
+        .context()
+        .filter_map(|(kind, value)| match value {
+            ContextValue::String(s) => Some((kind, ContextValue::String(output::shown(s)))),
+            ContextValue::Strings(v) => Some((
+                kind,
+                ContextValue::Strings(v.iter().map(|s| output::shown(s)).collect()),
+            )),
+            // Tips such as "to pass '--x' as a value, use '-- --x'" quote the input too.
+            ContextValue::StyledStrs(v) => Some((
+                kind,
+                ContextValue::StyledStrs(
+                    v.iter()
+                        .map(|s| output::shown_long(&s.to_string()).into())
+                        .collect(),
+                ),
+            )),
+            _ => None,
+        })
+        .collect();
+    for (kind, value) in quoted {
+        e.insert(kind, value);
+    }
+    e
+}
+
 /// Refuses combinations of options and subcommands that cannot work, before anything
 /// is sent (exit status 2).
 pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure> {
@@ -62,7 +97,7 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
     let usage = |message: String| Err(Failure::new(exit::USAGE, message));
     if global.urls.len() > 1 && !t.cluster && !t.redlock {
         return usage(format!(
-            "--redis was given {} times; several URLs need --cluster (seed nodes) or --redlock (independent masters)",
+            "--redis was given {} times; several URLs need --cluster (cluster nodes) or --redlock (independent masters)",
             global.urls.len()
         ));
     }
@@ -106,7 +141,7 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
     if t.redlock {
         match command {
             Command::Run(run) if !run.fair && !run.legacy => {}
-            Command::Completions { .. } => {}
+            Command::Completions { .. } | Command::Man { .. } => {}
             _ => {
                 return usage(
                     "with --redlock only `run` (without --fair or --legacy) is available: the other commands act on one server's keys".into(),

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redlease::LeaseOptions;
-use redlease_testkit::RedisServer;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::cli::{DEFAULT_URL, DemoArgs, signal_status};
@@ -23,6 +22,7 @@ use crate::connect::{Global, connect};
 use crate::exit::{self, Failure};
 use crate::output::human;
 use crate::signals::Signals;
+use crate::throwaway::Throwaway;
 use crate::wait::{after, until};
 
 /// Prints a line, ignoring a closed stdout (`redlease demo | head`): the demo must still
@@ -209,7 +209,7 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
 
 /// The Redis to use: the one `--redis`/`REDIS_URL` names; else whatever answers at the
 /// default address; else a throwaway server started here.
-async fn choose_server(global: &Global) -> Result<(Option<RedisServer>, String, String), Failure> {
+async fn choose_server(global: &Global) -> Result<(Option<Throwaway>, String, String), Failure> {
     if global.url_given {
         return Ok((None, global.url.clone(), global.shown_url.clone()));
     }
@@ -223,7 +223,7 @@ async fn choose_server(global: &Global) -> Result<(Option<RedisServer>, String, 
         return Ok((None, global.url.clone(), global.shown_url.clone()));
     }
     say!("nothing answers at {DEFAULT_URL}; starting a throwaway redis-server...");
-    let server = tokio::task::spawn_blocking(RedisServer::start)
+    let server = tokio::task::spawn_blocking(Throwaway::start)
         .await
         .map_err(|e| Failure::new(exit::FAILED, format!("starting redis-server failed: {e}")))?
         .map_err(|e| {

@@ -102,6 +102,13 @@ impl Failure {
                 UNAVAILABLE,
                 format!("a majority of the --redlock masters ({redis}) must answer; start the ones that are down"),
             ),
+            E::Certificate { problem, .. } => (UNAVAILABLE, certificate_hint(*problem)),
+            E::UnsupportedServer { needs, .. } => (
+                UNAVAILABLE,
+                format!(
+                    "upgrade the server at {redis} to Redis {needs} or newer (Debian 12 and Ubuntu 24.04 ship 7.0; Valkey 7.2 and newer work too)"
+                ),
+            ),
             E::ReadOnly { .. } => (
                 UNAVAILABLE,
                 "the server is a read-only replica; point --redis at the primary".to_owned(),
@@ -116,6 +123,35 @@ impl Failure {
         Failure::caused(status, err).hint(hint)
     }
 }
+
+/// How to fix a refused certificate: never "is Redis running?" — it is, it answered the
+/// handshake.
+fn certificate_hint(problem: redlease::CertificateProblem) -> String {
+    use redlease::CertificateProblem as P;
+    match problem {
+        P::ClientCertificateNotV3 | P::ServerCertificateNotV3 => format!(
+            "`openssl x509 -req` makes X.509 v1 certificates unless given v3 extensions; sign again with -extfile:\n  \
+             printf '{V3_EXTENSIONS}' > v3.ext\n  \
+             openssl x509 -req -in CERT.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -extfile v3.ext -out CERT.crt"
+        ),
+        P::ClientCertificateUnusable => {
+            "check that --tls-cert and --tls-key belong together and are PEM files (an RSA, ECDSA or Ed25519 key)".into()
+        }
+        P::UnknownIssuer => "pass the CA certificate that signed the server's certificate with --tls-ca FILE".into(),
+        P::WrongName => {
+            "use in --redis the host name or address the certificate's subjectAltName names, or reissue the certificate for the one you use".into()
+        }
+        P::Expired => "renew the server's certificate (and check the clocks of both machines)".into(),
+        P::ClientCertificateRefused => {
+            "pass a client certificate signed by the CA the server trusts (its tls-ca-cert-file) with --tls-cert FILE --tls-key FILE".into()
+        }
+        _ => "check the certificates: --tls-ca, --tls-cert and --tls-key".into(),
+    }
+}
+
+/// The extensions of a certificate rustls accepts, for a server on `redis.example` or
+/// 127.0.0.1 that also serves as a client certificate (as `printf` text).
+const V3_EXTENSIONS: &str = "subjectAltName=DNS:redis.example,IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nkeyUsage=digitalSignature,keyEncipherment\\nextendedKeyUsage=serverAuth,clientAuth\\n";
 
 /// `{}` prints the error; `{:#}` adds its causes, `a: b: c`, skipping a cause whose
 /// text the message already contains (many errors repeat their source).

@@ -18,9 +18,9 @@ pub async fn leader(global: &Global, args: LeaderArgs) -> Result<ExitCode, Failu
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let election = client.election(&args.name).map_err(lock_err)?;
+    let election = client.election(args.name.get()).map_err(lock_err)?;
     let show = Show {
-        name: &args.name,
+        name: args.name.get(),
         key: election.key(),
         json: args.json,
     };
@@ -45,7 +45,7 @@ pub async fn leader(global: &Global, args: LeaderArgs) -> Result<ExitCode, Failu
             Some(Err(e)) => {
                 note(format_args!(
                     "cannot read election {:?} ({e}); trying again",
-                    args.name
+                    args.name.get()
                 ));
                 continue;
             }

@@ -11,7 +11,8 @@
 //! - The subcommands: `run` (run, semaphore run, rwlock run, elect: CMD under any kind
 //!   of lock or as the leader, one supervision over `Box<dyn redlease::Guard>`),
 //!   `manage` (acquire, release, extend, status, semaphore status, rwlock status),
-//!   `leader` (who leads an election, and its changes), `demo`.
+//!   `leader` (who leads an election, and its changes), `list` (every held lock), `demo` (with `throwaway`: the
+//!   redis-server it starts when none is given).
 //! - `signals`: catching signals, and telling the terminal's apart from `kill`'s.
 
 mod cli;
@@ -19,10 +20,12 @@ mod connect;
 mod demo;
 mod exit;
 mod leader;
+mod list;
 mod manage;
 mod output;
 mod run;
 mod signals;
+mod throwaway;
 mod wait;
 
 use std::process::ExitCode;
@@ -50,6 +53,7 @@ fn dispatch(command: Command, global: &Global) -> Result<ExitCode, Failure> {
             Command::Rwlock(RwlockCommand::Run(args)) => run::rwlock(global, args).await,
             Command::Elect(args) => run::elect(global, args).await,
             Command::Leader(args) => leader::leader(global, args).await,
+            Command::List(args) => list::list(global, args).await,
             Command::Acquire(args) => manage::acquire(global, args).await,
             Command::Release(args) => manage::release(global, args).await,
             Command::Extend(args) => manage::extend(global, args).await,
@@ -60,6 +64,7 @@ fn dispatch(command: Command, global: &Global) -> Result<ExitCode, Failure> {
             Command::Rwlock(RwlockCommand::Status(args)) => manage::rwlock_status(global, args).await,
             Command::Demo(args) => demo::demo(global, args).await,
             Command::Completions { shell } => output::completions(shell),
+            Command::Man { dir } => output::man(dir.as_deref()),
         };
         connect::finish_background_work(global.response_timeout).await;
         result

@@ -18,10 +18,10 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let mutex = client
-        .mutex_with(&args.name, lease_options(global, args.ttl).auto_renew(false))
+        .mutex_with(args.name.get(), lease_options(global, args.ttl).auto_renew(false))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &args.wait,
         signals: &mut signals,
@@ -35,7 +35,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
     let token = guard.forget();
     let text = if args.json {
         json!({
-            "name": args.name,
+            "name": args.name.get(),
             "key": mutex.key(),
             "token": token.expose(),
             "fence": fence,
@@ -62,7 +62,7 @@ pub async fn acquire(global: &Global, args: AcquireArgs) -> Result<ExitCode, Fai
 pub async fn release(global: &Global, args: ReleaseArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let mutex = client.mutex(&args.name).map_err(lock_err)?;
+    let mutex = client.mutex(args.name.get()).map_err(lock_err)?;
     mutex.release_token(&args.token).await.map_err(lock_err)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -70,7 +70,7 @@ pub async fn release(global: &Global, args: ReleaseArgs) -> Result<ExitCode, Fai
 pub async fn extend(global: &Global, args: ExtendArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let mutex = client.mutex(&args.name).map_err(lock_err)?;
+    let mutex = client.mutex(args.name.get()).map_err(lock_err)?;
     mutex
         .extend_token(&args.token, args.ttl)
         .await
@@ -82,7 +82,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let (key, st, queue) = if args.fair {
-        let mutex = client.fair_mutex(&args.name).map_err(lock_err)?;
+        let mutex = client.fair_mutex(args.name.get()).map_err(lock_err)?;
         let st = mutex.status().await.map_err(lock_err)?;
         let common = Common {
             held: st.held,
@@ -95,7 +95,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         };
         (mutex.key().to_owned(), common, Some(st.queue))
     } else {
-        let mutex = client.mutex(&args.name).map_err(lock_err)?;
+        let mutex = client.mutex(args.name.get()).map_err(lock_err)?;
         let st = mutex.status().await.map_err(lock_err)?;
         let common = Common {
             held: st.held,
@@ -110,7 +110,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
     };
     let text = if args.json {
         let mut object = json!({
-            "name": args.name,
+            "name": args.name.get(),
             "key": key,
             "held": st.held,
             "owner": st.owner,
@@ -125,7 +125,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         }
         object.to_string()
     } else {
-        let mut lines = vec![format!("lock:       {:?} (key {:?})", args.name, key)];
+        let mut lines = vec![format!("lock:       {:?} (key {:?})", args.name.get(), key)];
         holder_lines(
             &mut lines,
             st.held,
@@ -198,11 +198,11 @@ fn holder_lines(
 pub async fn rwlock_status(global: &Global, args: RwlockStatusArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let lock = client.rwlock(&args.name).map_err(lock_err)?;
+    let lock = client.rwlock(args.name.get()).map_err(lock_err)?;
     let st = lock.status().await.map_err(lock_err)?;
     let text = if args.json {
         json!({
-            "name": args.name,
+            "name": args.name.get(),
             "key": lock.key(),
             "write_held": st.write_held,
             "writer": st.writer,
@@ -215,7 +215,11 @@ pub async fn rwlock_status(global: &Global, args: RwlockStatusArgs) -> Result<Ex
         })
         .to_string()
     } else {
-        let mut lines = vec![format!("rwlock:     {:?} (key {:?})", args.name, lock.key())];
+        let mut lines = vec![format!(
+            "rwlock:     {:?} (key {:?})",
+            args.name.get(),
+            lock.key()
+        )];
         lines.push(format!("readers:    {}", st.readers));
         let mut writer = Vec::new();
         holder_lines(
@@ -245,11 +249,13 @@ pub async fn rwlock_status(global: &Global, args: RwlockStatusArgs) -> Result<Ex
 pub async fn semaphore_status(global: &Global, args: SemaphoreStatusArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let sem = client.semaphore(&args.name, args.permits).map_err(lock_err)?;
+    let sem = client
+        .semaphore(args.name.get(), args.permits)
+        .map_err(lock_err)?;
     let st = sem.status().await.map_err(lock_err)?;
     let text = if args.json {
         json!({
-            "name": args.name,
+            "name": args.name.get(),
             "key": sem.key(),
             "limit": st.limit,
             "in_use": st.in_use,
@@ -259,7 +265,7 @@ pub async fn semaphore_status(global: &Global, args: SemaphoreStatusArgs) -> Res
         })
         .to_string()
     } else {
-        let mut lines = vec![format!("semaphore:  {:?} (key {:?})", args.name, sem.key())];
+        let mut lines = vec![format!("semaphore:  {:?} (key {:?})", args.name.get(), sem.key())];
         lines.push(format!(
             "permits:    {} of {} in use, {} free",
             st.in_use, st.limit, st.available

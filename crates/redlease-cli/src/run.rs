@@ -1,5 +1,6 @@
-//! `redlease run NAME -- CMD` (and `semaphore run`, `rwlock run`): run CMD while holding
-//! a lock; `redlease elect NAME -- CMD`: run CMD while leading an election.
+//! `redlease run NAME [NAME…] -- CMD` (and `semaphore run`, `rwlock run`): run CMD
+//! while holding a lock, or several names at once; `redlease elect NAME -- CMD`: run CMD
+//! while leading an election.
 //!
 //! The lease is renewed by the library for as long as CMD runs. Three things can end
 //! the run: CMD exits (release the lock, exit with CMD's status), the lease is lost
@@ -27,10 +28,14 @@ use crate::wait::{Taker, Taking, after, until};
 /// `redlease run NAME [--fair | --legacy] -- CMD`, on one server, a cluster, a
 /// sentinel-managed master or (with `--redlock`) a quorum of masters.
 pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
+    if args.names.all().len() > 1 {
+        return several(global, args).await;
+    }
     // Catch signals before anything is taken, so none can kill redlease mid-way.
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
-    let (c, name) = (&args.child, args.name.as_str());
+    let names = args.names.all();
+    let (c, name) = (&args.child, names[0].as_str());
     let taker = Taker {
         name,
         taking: Taking::Lock,
@@ -88,6 +93,53 @@ pub async fn run(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
     supervise(c, guard, Taking::Lock, Vec::new(), &mut signals).await
 }
 
+/// `redlease run NAME NAME… -- CMD`: every name held at once, each as its plain lock,
+/// taken all or none — on one server, a cluster or a sentinel-managed master. CMD gets
+/// `REDLEASE_NAME_<i>`, `REDLEASE_KEY_<i>` and `REDLEASE_FENCE_<i>` for the i-th name
+/// (from 1, in the order given); `REDLEASE_NAME` and `REDLEASE_KEY` join them with `+`.
+async fn several(global: &Global, args: RunArgs) -> Result<ExitCode, Failure> {
+    let names = args.names.all();
+    let one_name_only = [
+        (args.fair, "--fair"),
+        (args.legacy, "--legacy"),
+        (global.topology.redlock, "--redlock"),
+        (global.topology.wait_replicas.is_some(), "--wait-replicas"),
+    ];
+    if let Some((_, flag)) = one_name_only.into_iter().find(|(given, _)| *given) {
+        return Err(Failure::new(
+            exit::USAGE,
+            format!("{flag} takes one NAME, and {} were given", names.len()),
+        )
+        .hint(format!("leave out {flag} to hold several NAMEs as plain locks")));
+    }
+    let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
+    let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let c = &args.child;
+    let client = connect(global).await?;
+    let lock = client
+        .multi_lock_with(&names, LeaseOptions::new().ttl(c.ttl))
+        .map_err(lock_err)?;
+    let label = names.join("+");
+    let taker = Taker {
+        name: &label,
+        taking: Taking::Lock,
+        wait: &c.wait,
+        signals: &mut signals,
+        global,
+    };
+    let guard = taker
+        .take(|| lock.try_lock(), |t| lock.lock_timeout(t), || lock.lock())
+        .await?;
+    let mut env = Vec::new();
+    for (i, ((name, key), fence)) in lock.names().zip(lock.keys()).zip(guard.fences()).enumerate() {
+        let n = i + 1;
+        env.push((format!("REDLEASE_NAME_{n}"), name.to_owned()));
+        env.push((format!("REDLEASE_KEY_{n}"), key.to_owned()));
+        env.push((format!("REDLEASE_FENCE_{n}"), fence.to_string()));
+    }
+    supervise_with(c, Box::new(guard), Taking::Lock, env, &mut signals).await
+}
+
 /// `redlease semaphore run NAME --permits N [--count K] -- CMD`.
 pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCode, Failure> {
     let mut signals = Signals::catch().map_err(|e| Failure::caused(exit::FAILED, e))?;
@@ -95,11 +147,11 @@ pub async fn semaphore(global: &Global, args: SemaphoreRunArgs) -> Result<ExitCo
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let sem = client
-        .semaphore_with(&args.name, args.permits, LeaseOptions::new().ttl(c.ttl))
+        .semaphore_with(args.name.get(), args.permits, LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let n = args.count;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -123,10 +175,10 @@ pub async fn rwlock(global: &Global, args: RwlockRunArgs) -> Result<ExitCode, Fa
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let lock = client
-        .rwlock_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .rwlock_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Lock,
         wait: &c.wait,
         signals: &mut signals,
@@ -156,10 +208,10 @@ pub async fn elect(global: &Global, args: ElectArgs) -> Result<ExitCode, Failure
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
     let c = &args.child;
     let election = client
-        .election_with(&args.name, LeaseOptions::new().ttl(c.ttl))
+        .election_with(args.name.get(), LeaseOptions::new().ttl(c.ttl))
         .map_err(lock_err)?;
     let taker = Taker {
-        name: &args.name,
+        name: args.name.get(),
         taking: Taking::Leadership,
         wait: &c.wait,
         signals: &mut signals,
@@ -188,6 +240,19 @@ async fn supervise(
     extra: Vec<(&'static str, String)>,
     signals: &mut Signals,
 ) -> Result<ExitCode, Failure> {
+    let extra = extra.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    supervise_with(args, guard, taking, extra, signals).await
+}
+
+/// [`supervise`], with variables of CMD's environment whose names are made at run time
+/// (those of each name of a lock over several).
+async fn supervise_with(
+    args: &ChildArgs,
+    guard: Box<dyn Guard>,
+    taking: Taking,
+    extra: Vec<(String, String)>,
+    signals: &mut Signals,
+) -> Result<ExitCode, Failure> {
     // The guard is consumed by its release, and the name is needed after.
     let name = guard.name().to_owned();
     let name = name.as_str();
@@ -196,7 +261,16 @@ async fn supervise(
         let _ = guard.release().await;
         return Err(Failure::new(exit::USAGE, "no CMD after `--`"));
     };
-    let spawned = Command::new(program)
+    let mut command = Command::new(program);
+    // The per-name variables of a lock over several names, inherited from an outer
+    // `redlease run`, would not describe this lock.
+    for (var, _) in std::env::vars_os() {
+        if is_per_name_variable(&var) {
+            command.env_remove(var);
+        }
+    }
+    die_with_redlease(&mut command, args.lost_signal);
+    let spawned = command
         .args(rest)
         .env("REDLEASE_NAME", name)
         .env("REDLEASE_KEY", guard.key())
@@ -275,6 +349,52 @@ async fn supervise(
             Ok(ExitCode::from(cmd_status))
         }
     }
+}
+
+/// Makes CMD get `signal` when redlease dies — SIGKILL, the OOM killer, a crash — so
+/// that it does not go on running after the lease it ran under has lapsed (Linux: a
+/// parent-death signal, set in the child between fork and exec).
+///
+/// The kernel sends it when the *thread* that forked CMD ends. redlease runs on a
+/// current-thread runtime, and `tokio::process::Command::spawn` forks on the calling
+/// thread — the main thread, which lives as long as redlease does. If redlease died
+/// before the child set the signal, the child's parent is no longer redlease: the
+/// child then refuses to run CMD at all.
+#[cfg(target_os = "linux")]
+fn die_with_redlease(command: &mut Command, signal: Signal) {
+    let parent = std::process::id() as libc::pid_t;
+    let signal = signal as libc::c_ulong;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere there is no parent-death signal: CMD outlives a redlease that is killed
+/// (the README says so).
+#[cfg(not(target_os = "linux"))]
+fn die_with_redlease(_command: &mut Command, _signal: Signal) {}
+
+/// Whether `var` is `REDLEASE_NAME_<i>`, `REDLEASE_KEY_<i>` or `REDLEASE_FENCE_<i>`.
+fn is_per_name_variable(var: &std::ffi::OsStr) -> bool {
+    let Some(var) = var.to_str() else {
+        return false;
+    };
+    ["REDLEASE_NAME_", "REDLEASE_KEY_", "REDLEASE_FENCE_"]
+        .iter()
+        .any(|prefix| {
+            var.strip_prefix(prefix)
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        })
 }
 
 /// Sends `signal` to CMD unless it has already been reaped (then its pid may be reused).

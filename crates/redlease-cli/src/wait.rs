@@ -119,6 +119,8 @@ fn not_acquired(
     ran_out: bool,
     global: &Global,
 ) -> Failure {
+    // Of several names, the error names the one that kept the lock from being taken.
+    let name = &err.lock_name().unwrap_or(name).to_owned();
     match &err {
         redlease::Error::Contended { remaining, .. } => {
             let left = remaining.map_or(String::new(), |r| format!("; its lease ends in {}", human(r)));

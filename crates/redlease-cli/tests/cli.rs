@@ -78,6 +78,190 @@ fn usage_errors_exit_2_name_the_fix_and_leave_nothing() {
     assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing left behind");
 }
 
+/// A rejected value is echoed, but escaped and shortened: a name refused for its control
+/// characters does not rewrite the terminal, and a 10 KB name does not fill it. Nothing
+/// is written.
+#[test]
+fn rejected_values_are_echoed_escaped_and_shortened() {
+    let server = server();
+    let long = "n".repeat(10 * 1024);
+    let long_prefix = format!("{long}:");
+    let cases: &[(&[&str], &str)] = &[
+        (&["status", "\x1b[31mred\r"], r"'\u{1b}[31mred\r'"),
+        (&["run", "a\nb", "--", "true"], r"'a\nb'"),
+        (&["acquire", &long, "--ttl", "5s"], "…(10240 bytes)"),
+        (&["status", "--name", "-\x07bell"], r"'-\u{7}bell'"),
+        (&["--prefix", "p\r:", "status", "x"], r"'p\r:'"),
+        (&["--prefix", &long_prefix, "status", "x"], "…(10241 bytes)"),
+        (&["status", "x", "--\x1b[2Jbogus"], r"'--\u{1b}[2Jbogus'"),
+        (
+            &["run", "x", "--wait", "\x1b[31m5s", "--", "true"],
+            r"'\u{1b}[31m5s'",
+        ),
+        (&["\x1b]0;title\x07"], r"'\u{1b}]0;title\u{7}'"),
+    ];
+    for (args, shown) in cases {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(shown),
+            "{args:?} should show {shown:?}: {out:?}"
+        );
+        assert!(
+            !out.stderr.contains(['\x1b', '\r', '\x07']),
+            "a control character reached the terminal: {out:?}"
+        );
+        assert!(
+            out.stderr.len() < 1200,
+            "{args:?}: {} bytes of error",
+            out.stderr.len()
+        );
+        assert!(!out.stderr.contains("panicked"), "{out:?}");
+    }
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing written");
+}
+
+/// Every command that takes a NAME also takes it as `--name NAME`, so a name that starts
+/// with `-` can be locked, run under, inspected, extended and released.
+#[test]
+fn a_name_starting_with_a_dash_is_addressable_by_every_command() {
+    let server = server();
+    let mut redis = conn(&server);
+    let acquired = json(&output(at(
+        &server,
+        &["acquire", "--name", "-dash", "--ttl", "30s", "--json"],
+    )));
+    assert_eq!(acquired["name"], "-dash");
+    assert_eq!(acquired["key"], "redlease:-dash");
+    let token = acquired["token"].as_str().unwrap().to_owned();
+    assert!(redis.exists::<_, bool>("redlease:-dash").unwrap());
+    let status = json(&output(at(&server, &["status", "--name=-dash", "--json"])));
+    assert_eq!(
+        (status["name"].as_str(), status["held"].as_bool()),
+        (Some("-dash"), Some(true))
+    );
+    let out = output(at(
+        &server,
+        &["extend", "--name", "-dash", "--token", &token, "--ttl", "1m"],
+    ));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(redis.pttl::<_, i64>("redlease:-dash").unwrap() > 30_000);
+    let out = output(at(&server, &["release", "--name", "-dash", "--token", &token]));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(!redis.exists::<_, bool>("redlease:-dash").unwrap());
+
+    let env = "echo $REDLEASE_NAME $REDLEASE_KEY";
+    for args in [
+        &["run", "--name", "-dash", "--", "sh", "-c", env][..],
+        &["run", "--name", "-dash", "--fair", "--", "sh", "-c", env],
+        &[
+            "semaphore",
+            "run",
+            "--name",
+            "-dash",
+            "--permits",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            env,
+        ],
+        &[
+            "rwlock", "run", "--name", "-dash", "--write", "--", "sh", "-c", env,
+        ],
+        &["elect", "--name", "-dash", "--", "sh", "-c", env],
+    ] {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        assert_eq!(out.stdout.trim(), "-dash redlease:-dash", "{args:?}");
+    }
+    for (args, field) in [
+        (&["rwlock", "status", "--name", "-dash", "--json"][..], "name"),
+        (&["semaphore", "status", "--name", "-dash", "--json"], "name"),
+        (&["leader", "--name", "-dash", "--json"], "name"),
+        (&["status", "--fair", "--name", "-dash", "--json"], "name"),
+    ] {
+        let out = json(&output(at(&server, args)));
+        assert_eq!(out[field], "-dash", "{args:?}: {out}");
+    }
+    // `run` holds several names: positional ones first, then each --name.
+    let out = output(at(
+        &server,
+        &[
+            "run",
+            "plain",
+            "--name",
+            "-dash",
+            "--name=-two",
+            "--",
+            "sh",
+            "-c",
+            "echo $REDLEASE_NAME",
+        ],
+    ));
+    assert_eq!((out.code, out.stdout.trim()), (0, "plain+-dash+-two"), "{out:?}");
+    // The name once, not both ways; and a positional name still works.
+    let out = output(at(&server, &["status", "x", "--name", "y"]));
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("--name"), "{out:?}");
+    assert_eq!(
+        json(&output(at(&server, &["status", "x", "--json"])))["name"],
+        "x"
+    );
+}
+
+/// Negative durations, for every flag that takes one, are refused as negative (not as
+/// an unknown option `-1`); 0 is not a reply timeout.
+#[test]
+fn negative_durations_and_a_zero_response_timeout_are_refused_clearly() {
+    let server = server();
+    let cases: &[&[&str]] = &[
+        &["run", "x", "--wait", "-1s", "--", "true"],
+        &["run", "x", "--ttl", "-30s", "--", "true"],
+        &["run", "x", "--grace", "-1s", "--", "true"],
+        &["acquire", "x", "--ttl", "-5s"],
+        &["extend", "x", "--token", "t", "--ttl", "-5s"],
+        &["demo", "--duration", "-2s"],
+        &["--response-timeout", "-1s", "status", "x"],
+        &["--wait-replicas", "1", "--replica-timeout", "-.5s", "status", "x"],
+    ];
+    for args in cases {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{args:?}: {out:?}");
+        // The flag whose value is negative.
+        let negative = args.iter().position(|a| {
+            a.starts_with("-.")
+                || a.starts_with("-1")
+                || a.starts_with("-3")
+                || a.starts_with("-5")
+                || a.starts_with("-2")
+        });
+        let flag = args[negative.expect("a negative value") - 1];
+        assert!(
+            out.stderr.contains("durations cannot be negative")
+                && out.stderr.contains(&format!("'{flag} <DUR>'")),
+            "{args:?}: {out:?}"
+        );
+        assert!(!out.stderr.contains("unexpected argument"), "{out:?}");
+    }
+    let out = output(at(&server, &["--response-timeout", "0", "status", "x"]));
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(
+        out.stderr.contains("--response-timeout") && out.stderr.contains("at least 1ms"),
+        "{out:?}"
+    );
+    let help = output({
+        let mut c = redlease();
+        c.arg("--help");
+        c
+    });
+    assert!(
+        help.stdout.contains("0 is refused"),
+        "--help documents it: {help:?}"
+    );
+    assert_eq!(all_keys(&server), Vec::<String>::new(), "nothing written");
+}
+
 /// A duration longer than an instant can hold (300000000000years) and one longer than a
 /// `Duration` can (584942417355years).
 const TOO_LONG: [&str; 2] = ["300000000000years", "584942417355years"];
@@ -138,12 +322,12 @@ fn absurd_durations_exit_2_naming_the_flag_and_its_range() {
             (
                 &["--response-timeout", long, "status", "x"],
                 "--response-timeout",
-                "0s to 30 days",
+                "1ms to 30 days",
             ),
             (
                 &["run", "x", "--response-timeout", long, "--", "touch", m],
                 "--response-timeout",
-                "0s to 30 days",
+                "1ms to 30 days",
             ),
             (
                 &[
@@ -880,10 +1064,31 @@ fn demo_without_redis_starts_and_stops_a_throwaway_server() {
         std::net::TcpStream::connect(addr).is_err(),
         "the throwaway server at {addr} was stopped"
     );
+    let port = addr.rsplit(':').next().unwrap();
+    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("redlease-demo-"))
+        .filter(|e| std::fs::read_to_string(e.path().join("redis.log")).is_ok_and(|log| log.contains(port)))
+        .collect();
+    assert!(dirs.is_empty(), "the server's directory was removed: {dirs:?}");
+
+    // Without redis-server the demo says how to install it, or to pass --redis.
+    let out = output({
+        let mut c = redlease();
+        c.args(["demo", "--duration", "1s"])
+            .env("REDIS_SERVER_BIN", "/nonexistent/redis-server");
+        c
+    });
+    assert_eq!(out.code, 69, "{out:?}");
+    assert!(
+        out.stderr.contains("apt-get install -y redis-server") && out.stderr.contains("--redis"),
+        "{out:?}"
+    );
 }
 
 #[test]
-fn completions_help_and_version() {
+fn completions_man_page_help_and_version() {
     for shell in ["bash", "zsh", "fish"] {
         let out = output({
             let mut c = redlease();
@@ -896,6 +1101,47 @@ fn completions_help_and_version() {
             "{shell}"
         );
     }
+    // The man page, next to the completions: one on stdout, or one per command.
+    let man = output({
+        let mut c = redlease();
+        c.arg("man");
+        c
+    });
+    assert_eq!(man.code, 0, "{man:?}");
+    assert!(
+        man.stdout.starts_with(".ie") && man.stdout.contains(".TH redlease 1"),
+        "{man:?}"
+    );
+    assert!(
+        man.stdout.contains("Exit status:") && man.stdout.contains("redlease\\-run(1)"),
+        "{man:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = output({
+        let mut c = redlease();
+        c.args(["man", "--dir"]).arg(dir.path());
+        c
+    });
+    assert_eq!(out.code, 0, "{out:?}");
+    let mut pages: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for page in [
+        "redlease.1",
+        "redlease-run.1",
+        "redlease-semaphore-run.1",
+        "redlease-status.1",
+    ] {
+        assert!(pages.iter().any(|p| p == page), "{page} missing from {pages:?}");
+    }
+    let run = read(&dir.path().join("redlease-run.1"));
+    assert!(
+        run.contains(".TH redlease-run 1") && run.contains("lost\\-signal"),
+        "{run}"
+    );
+
     let help = output({
         let mut c = redlease();
         c.arg("--help");
@@ -932,4 +1178,273 @@ fn completions_help_and_version() {
         c
     });
     assert!(version.stdout.starts_with("redlease "), "{version:?}");
+}
+
+/// User-facing text — the README, docs/, rustdoc and every --help — names failures and
+/// patterns in its own words: it never refers readers to "seed" articles they have
+/// never seen. (The torture run's `--seed`, the seed of its random fault schedule, is
+/// what the word means there.)
+#[test]
+fn user_facing_text_never_speaks_of_seeds() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut texts: Vec<(String, String)> = Vec::new();
+    let mut add_file = |path: std::path::PathBuf, rustdoc_only: bool| {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = if rustdoc_only {
+            text.lines()
+                .filter(|l| {
+                    let l = l.trim_start();
+                    l.starts_with("///") || l.starts_with("//!") || l.starts_with("#[doc")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else {
+            text
+        };
+        texts.push((path.display().to_string(), text));
+    };
+    add_file(root.join("README.md"), false);
+    for dir in ["docs", "crates/redlease/src", "crates/redlease-cli/src"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                match path.extension().and_then(|e| e.to_str()) {
+                    _ if path.is_dir() => stack.push(path),
+                    Some("md") => add_file(path, false),
+                    Some("rs") => add_file(path, true),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let mut helps = vec![vec!["--help"]];
+    for sub in [
+        "run",
+        "acquire",
+        "release",
+        "extend",
+        "status",
+        "elect",
+        "leader",
+        "demo",
+        "completions",
+    ] {
+        helps.push(vec![sub, "--help"]);
+    }
+    for (family, sub) in [
+        ("semaphore", "run"),
+        ("semaphore", "status"),
+        ("rwlock", "run"),
+        ("rwlock", "status"),
+    ] {
+        helps.push(vec![family, sub, "--help"]);
+    }
+    for args in helps {
+        let out = output({
+            let mut c = redlease();
+            c.args(&args);
+            c
+        });
+        assert_eq!(out.code, 0, "{args:?}: {out:?}");
+        texts.push((format!("redlease {}", args.join(" ")), out.stdout));
+    }
+    assert!(texts.len() > 40, "read only {} texts", texts.len());
+    for (what, text) in &texts {
+        for (i, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase().replace("--seed", "");
+            assert!(!lower.contains("seed"), "{what}, line {}: {line}", i + 1);
+        }
+    }
+}
+
+/// Whether process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// CMD never outlives its lock: when redlease is killed with SIGKILL (which it cannot
+/// catch), CMD gets --lost-signal from the kernel at once — for every command that runs
+/// a CMD — and the next holder gets a higher fencing token once the lease has lapsed.
+#[test]
+fn cmd_gets_lost_signal_when_redlease_is_killed_and_the_next_holder_is_fenced_higher() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    // CMD records its pid and fencing token, and the signal it gets.
+    let script = r#"trap 'echo got-USR1 > "$0.sig"; exit 0' USR1
+echo "$$ ${REDLEASE_FENCE:-none}" > "$0.tmp" && mv "$0.tmp" "$0"
+while :; do sleep 0.05; done"#;
+    let kinds: &[(&str, &[&str])] = &[
+        ("mutex", &["run", "k-mutex"]),
+        ("fair", &["run", "k-fair", "--fair"]),
+        ("semaphore", &["semaphore", "run", "k-sem", "--permits", "1"]),
+        ("writer", &["rwlock", "run", "k-rw", "--write"]),
+        ("leader", &["elect", "k-elect"]),
+    ];
+    for (kind, args) in kinds {
+        let record = dir.path().join(kind);
+        let mut cmd = at(&server, args);
+        cmd.args(["--ttl", "1s", "--lost-signal", "USR1", "--", "sh", "-c", script])
+            .arg(&record)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut redlease = cmd.spawn().unwrap();
+        eventually(10, &format!("{kind}: CMD started"), || record.exists());
+        let line = read(&record);
+        let (pid, fence) = line.trim().split_once(' ').unwrap();
+        let pid: i32 = pid.parse().unwrap();
+
+        signal(&redlease, Signal::SIGKILL);
+        let killed = Instant::now();
+        redlease.wait().unwrap();
+        while !ended(pid) {
+            if killed.elapsed() >= Duration::from_secs(1) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL); // leave no orphan behind
+                panic!("{kind}: CMD (pid {pid}) still ran a second after redlease was killed");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let sig = record.with_extension("sig");
+        eventually(1, &format!("{kind}: CMD's trap ran"), || sig.exists());
+        assert_eq!(read(&sig).trim(), "got-USR1", "{kind}: CMD got --lost-signal");
+
+        // The lease lapses within --ttl; the next holder gets in, fenced higher.
+        let name = args.iter().find(|a| a.starts_with("k-")).unwrap();
+        let next: Vec<&str> = match *kind {
+            "semaphore" => vec!["semaphore", "run", name, "--permits", "1"],
+            "writer" => vec!["rwlock", "run", name, "--write"],
+            "leader" => vec!["elect", name],
+            _ => vec!["run", name],
+        };
+        let mut next_cmd = at(&server, &next);
+        next_cmd.args(["--wait", "5s", "--", "sh", "-c", "echo ${REDLEASE_FENCE:-none}"]);
+        let out = output(next_cmd);
+        assert_eq!(out.code, 0, "{kind}: the next holder got in: {out:?}");
+        if *kind == "semaphore" {
+            assert_eq!(
+                (fence, out.stdout.trim()),
+                ("none", "none"),
+                "a semaphore has no fence"
+            );
+        } else {
+            let (first, second): (u64, u64) = (fence.parse().unwrap(), out.stdout.trim().parse().unwrap());
+            assert!(second > first, "{kind}: fence {second} after {first}");
+        }
+    }
+}
+
+/// `list` shows every held lock under the prefix — plain, another library's, a
+/// semaphore's permits — as a table or JSON, filtered by a glob, never with a token.
+#[test]
+fn list_shows_every_held_lock_never_a_token() {
+    let server = server();
+    let mut redis = conn(&server);
+    let deploy = json(&output(at(
+        &server,
+        &["acquire", "deploy", "--ttl", "30s", "--json"],
+    )));
+    let token = deploy["token"].as_str().unwrap().to_owned();
+    let job = json(&output(at(
+        &server,
+        &["acquire", "job-1", "--ttl", "30s", "--json"],
+    )));
+    let _: () = redis::cmd("SET")
+        .arg("redlease:theirs")
+        .arg("d3b07384-d9a0-4c9b-8f1e-0a1b2c3d4e5f")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut redis)
+        .unwrap();
+    let (sem, _stdout) = start_until_ready(at(
+        &server,
+        &[
+            "semaphore",
+            "run",
+            "pool",
+            "--permits",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 30",
+        ],
+    ));
+
+    let out = output(at(&server, &["list", "--json"]));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        !out.stdout.contains(&token[..32]) && !out.stdout.contains("d3b07384"),
+        "{out:?}"
+    );
+    let list = json(&out);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["deploy", "job-1", "pool", "theirs"], "{list}");
+    let first = &list[0];
+    assert_eq!(first["kind"], "mutex");
+    assert_eq!(first["key"], "redlease:deploy");
+    assert_eq!(first["held"], true);
+    assert_eq!(first["owner"], deploy["owner"]);
+    assert_eq!(first["fence"], Value::Null, "a plain mutex records no fence");
+    assert_eq!(
+        (first["waiters"].as_u64(), first["foreign"].as_bool()),
+        (Some(0), Some(false))
+    );
+    assert!(
+        first["ttl_ms"].as_u64().is_some_and(|t| t > 0 && t <= 30_000),
+        "{first}"
+    );
+    assert_eq!(list[1]["owner"], job["owner"]);
+    assert_eq!(
+        (list[2]["kind"].as_str(), list[2]["holders"].as_u64()),
+        (Some("semaphore"), Some(1))
+    );
+    assert_eq!(list[2]["owner"], Value::Null);
+    assert_eq!(
+        (list[3]["kind"].as_str(), list[3]["foreign"].as_bool()),
+        (Some("mutex"), Some(true))
+    );
+    assert_eq!(list[3]["owner"], Value::Null);
+
+    let jobs = json(&output(at(&server, &["list", "job-*", "--json"])));
+    assert_eq!(jobs.as_array().map(Vec::len), Some(1), "{jobs}");
+    assert_eq!(jobs[0]["name"], "job-1");
+
+    let table = output(at(&server, &["list"]));
+    assert_eq!(table.code, 0, "{table:?}");
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{table:?}");
+    assert!(
+        lines[0].starts_with("KIND") && lines[0].contains("WAITERS"),
+        "{table:?}"
+    );
+    assert!(
+        lines[1].starts_with("mutex") && lines[1].contains("deploy"),
+        "{table:?}"
+    );
+    assert!(
+        lines[4].contains("theirs") && lines[4].contains("(another library)"),
+        "{table:?}"
+    );
+    let none = output(at(&server, &["list", "nothing*"]));
+    assert_eq!(
+        (none.code, none.stdout.as_str()),
+        (0, "(no lock held)\n"),
+        "{none:?}"
+    );
+
+    signal(&sem, Signal::SIGTERM);
+    let out = finish(sem, Instant::now());
+    assert_eq!(out.code, 128 + 15, "{out:?}");
 }

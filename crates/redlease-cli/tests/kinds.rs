@@ -305,7 +305,7 @@ fn unix_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
-/// An unmodified old-style client, exactly as the seed articles write it: `SETNX key
+/// An unmodified old-style client, exactly as the Redis SETNX page describes it: `SETNX key
 /// <now + timeout + 1>`; on failure `GET`, and if that timestamp has passed, `GETSET`
 /// and own the lock only if the value it replaced had passed too; `DEL` on release
 /// only if its own timestamp has not passed.

@@ -245,6 +245,141 @@ fn tls_with_a_ca_file_and_mutual_tls_work_and_failures_are_clear() {
     assert_eq!(half.code, 2, "{half:?}");
 }
 
+/// A refused certificate is named as such, with how to make one that works — never
+/// with the hint that Redis may be down. Following the hint for an X.509 v1 client
+/// certificate (what `openssl x509 -req` makes without `-extfile`) makes one that works.
+#[test]
+fn certificate_problems_are_named_with_how_to_fix_them() {
+    let server = RedisServer::builder()
+        .tls(true)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let files = server.tls().unwrap().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name).display().to_string();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let (key, csr, v1) = (at("client.key"), at("client.csr"), at("client-v1.crt"));
+    let (ca, ca_key) = (
+        files.ca_cert.display().to_string(),
+        files.ca_key.display().to_string(),
+    );
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        "/CN=v1-client",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-set_serial",
+        "9",
+        "-days",
+        "2",
+        "-out",
+        &v1,
+    ]);
+    let tls = |cert: Option<&str>, ca: &str| {
+        let mut args = vec![
+            "--redis".to_owned(),
+            server.url(),
+            "--tls-ca".to_owned(),
+            ca.to_owned(),
+        ];
+        if let Some(cert) = cert {
+            args.extend([
+                "--tls-cert".to_owned(),
+                cert.to_owned(),
+                "--tls-key".to_owned(),
+                key.clone(),
+            ]);
+        }
+        output(with(&args, &["status", "x"]))
+    };
+    let v1_out = tls(Some(&v1), &ca);
+    let no_cert = tls(None, &ca);
+    let wrong_ca = tls(Some(&v1), &files.client_cert.display().to_string());
+    for (out, needles) in [
+        (
+            &v1_out,
+            &[
+                "the client certificate is an X.509 v1 certificate",
+                "-extfile v3.ext",
+            ][..],
+        ),
+        (
+            &no_cert,
+            &[
+                "requires one and none was given",
+                "--tls-cert FILE --tls-key FILE",
+            ],
+        ),
+        (&wrong_ca, &["X.509 v1"]),
+    ] {
+        assert_eq!(out.code, 69, "{out:?}");
+        assert!(out.stderr.contains("TLS with redis at 127.0.0.1"), "{out:?}");
+        for needle in needles {
+            assert!(out.stderr.contains(needle), "{needle:?}: {out:?}");
+        }
+        assert!(!out.stderr.contains("is Redis running"), "{out:?}");
+    }
+    // Do what the hint says, in a shell.
+    let recipe: Vec<String> = v1_out
+        .stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .map(|l| {
+            l.replace("CERT.csr", &csr)
+                .replace("CERT.crt", &at("client-v3.crt"))
+                .replace("ca.crt", &ca)
+                .replace("ca.key", &ca_key)
+        })
+        .collect();
+    assert_eq!(recipe.len(), 2, "a printf and an openssl line: {v1_out:?}");
+    let made = Command::new("sh")
+        .arg("-c")
+        .arg(recipe.join("\n"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let v3_out = tls(Some(&at("client-v3.crt")), &ca);
+    assert_eq!(v3_out.code, 0, "the certificate the hint makes works: {v3_out:?}");
+    // With the v3 certificate, a wrong CA is named.
+    let untrusted = tls(
+        Some(&at("client-v3.crt")),
+        &files.client_cert.display().to_string(),
+    );
+    assert_eq!(untrusted.code, 69, "{untrusted:?}");
+    assert!(
+        untrusted.stderr.contains("not signed by a CA") && untrusted.stderr.contains("--tls-ca"),
+        "{untrusted:?}"
+    );
+    assert!(!untrusted.stderr.contains("is Redis running"), "{untrusted:?}");
+}
+
 #[test]
 fn tls_without_client_certificates_needs_only_the_ca() {
     let server = RedisServer::builder()
@@ -332,4 +467,28 @@ fn wait_replicas_reports_acks_and_a_shortfall_releases_and_exits_69() {
     );
     let fair = output(with(&one, &["run", "payroll", "--fair", "--", "true"]));
     assert_eq!(fair.code, 2, "--wait-replicas is for the plain lock: {fair:?}");
+}
+
+/// A server older than Redis 7.0 is refused by its version, with the upgrade as the
+/// hint — not "is Redis running". Needs `$REDLEASE_OLD_REDIS_SERVER` (scripts/test).
+#[test]
+fn an_old_server_is_named_with_the_version_it_needs() {
+    let Some(bin) = std::env::var_os("REDLEASE_OLD_REDIS_SERVER") else {
+        eprintln!("skipped: REDLEASE_OLD_REDIS_SERVER is not set (scripts/test sets it)");
+        return;
+    };
+    let server = RedisServer::builder()
+        .bin(bin)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    for args in [&["status", "x"][..], &["run", "x", "--", "true"], &["list"]] {
+        let out = output(with(&["--redis".to_owned(), server.url()], args));
+        assert_eq!(out.code, 69, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("redis 6.2.") && out.stderr.contains("needs Redis 7.0 or newer"),
+            "{out:?}"
+        );
+        assert!(out.stderr.contains("hint: upgrade the server"), "{out:?}");
+        assert!(!out.stderr.contains("is Redis running"), "{out:?}");
+    }
 }

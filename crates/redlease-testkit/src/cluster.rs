@@ -79,7 +79,7 @@ impl RedisCluster {
             )?;
             cluster.master_ids.push(node_id(&mut con)?);
         }
-        let seed = cluster.masters[0].port();
+        let first = cluster.masters[0].port();
         for node in cluster.nodes().skip(1) {
             let mut con = connect(node)?;
             query::<()>(
@@ -87,8 +87,8 @@ impl RedisCluster {
                 redis::cmd("CLUSTER")
                     .arg("MEET")
                     .arg("127.0.0.1")
-                    .arg(seed)
-                    .arg(seed as u32 + 10_000),
+                    .arg(first)
+                    .arg(first as u32 + 10_000),
             )?;
         }
         for (m, replica) in &cluster.replicas {
@@ -111,7 +111,7 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// Seed URLs: every master's `redis://127.0.0.1:<port>`.
+    /// URLs to connect with: every master's `redis://127.0.0.1:<port>`.
     pub fn urls(&self) -> Vec<String> {
         self.masters.iter().map(RedisServer::url).collect()
     }

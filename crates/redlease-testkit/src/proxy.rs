@@ -1,8 +1,8 @@
 //! A loopback TCP proxy that injects network faults between a client and Redis.
 //!
 //! Everything the client sends goes to the upstream server and back through the proxy,
-//! so a test can hold replies back past the client's response timeout (seed 002's lost
-//! reply), hold requests, add delay, cut every open connection, or refuse new ones.
+//! so a test can hold replies back past the client's response timeout (a request that
+//! landed whose reply is lost), hold requests, add delay, cut every open connection, or refuse new ones.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

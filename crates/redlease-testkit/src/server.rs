@@ -44,6 +44,8 @@ pub struct ServerBuilder {
     tls: Option<bool>,
     /// Sentinel mode: the initial contents of `sentinel.conf`.
     sentinel: Option<String>,
+    /// The server binary, instead of `$REDIS_SERVER_BIN` or `redis-server` from `PATH`.
+    bin: Option<PathBuf>,
 }
 
 impl ServerBuilder {
@@ -67,6 +69,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Runs this `redis-server` binary instead of `$REDIS_SERVER_BIN` or the one on
+    /// `PATH` (an older version, say).
+    pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.bin = Some(bin.into());
+        self
+    }
+
     /// Uses this port instead of allocating one (the caller guarantees it is free).
     pub fn port(mut self, port: u16) -> Self {
         self.port = Some(port);
@@ -84,7 +93,10 @@ impl ServerBuilder {
 
     /// Starts the server and waits until it accepts connections.
     pub fn start(self) -> Result<RedisServer, KitError> {
-        let bin = redis_server_bin()?;
+        let bin = match &self.bin {
+            Some(bin) => bin.clone(),
+            None => redis_server_bin()?,
+        };
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
             let dir = tempfile::Builder::new()
@@ -279,12 +291,11 @@ impl RedisServer {
             }
             return args;
         }
-        args.extend([
-            "--save".into(),
-            String::new(),
-            "--enable-debug-command".into(),
-            "local".into(),
-        ]);
+        args.extend(["--save".into(), String::new()]);
+        // DEBUG must be enabled from Redis 7.0 on; older servers know no such directive.
+        if major_version(&self.bin).is_none_or(|major| major >= 7) {
+            args.extend(["--enable-debug-command".into(), "local".into()]);
+        }
         match self.builder.persistence {
             Persistence::None => args.extend(["--appendonly".into(), "no".into()]),
             Persistence::AofAlways => args.extend([
@@ -401,6 +412,23 @@ pub(crate) fn print_log_tail(what: &str, log: &str) {
 }
 
 /// Finds `redis-server`: `$REDIS_SERVER_BIN`, then `PATH`, then the usual system places.
+/// The major version of the `redis-server` at `bin` (`redis-server --version` says
+/// `v=7.0.15`), when it can tell; asked once per binary.
+fn major_version(bin: &Path) -> Option<u32> {
+    static KNOWN: std::sync::Mutex<Vec<(PathBuf, Option<u32>)>> = std::sync::Mutex::new(Vec::new());
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, major)) = known.iter().find(|(b, _)| b == bin) {
+        return *major;
+    }
+    let major = Command::new(bin).arg("--version").output().ok().and_then(|out| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        let version = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+        version.split('.').next()?.parse().ok()
+    });
+    known.push((bin.to_owned(), major));
+    major
+}
+
 pub fn redis_server_bin() -> Result<PathBuf, KitError> {
     find_bin("REDIS_SERVER_BIN", "redis-server")
 }

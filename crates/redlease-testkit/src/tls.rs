@@ -14,6 +14,8 @@ use crate::KitError;
 pub struct TlsFiles {
     /// The CA certificate that signed both the server and the client certificate.
     pub ca_cert: PathBuf,
+    /// The CA's private key (to sign more certificates in a test).
+    pub ca_key: PathBuf,
     /// The server's certificate (`IP:127.0.0.1`, `DNS:localhost`).
     pub server_cert: PathBuf,
     /// The server's private key.
@@ -29,6 +31,7 @@ impl TlsFiles {
     pub fn generate(dir: &Path) -> Result<TlsFiles, KitError> {
         let files = TlsFiles {
             ca_cert: dir.join("ca.crt"),
+            ca_key: dir.join("ca.key"),
             server_cert: dir.join("server.crt"),
             server_key: dir.join("server.key"),
             client_cert: dir.join("client.crt"),
@@ -37,7 +40,7 @@ impl TlsFiles {
         let path = |p: &Path| p.display().to_string();
         let (ca_cert, ca_key, ext) = (
             path(&files.ca_cert),
-            path(&dir.join("ca.key")),
+            path(&files.ca_key),
             path(&dir.join("leaf.ext")),
         );
         let p256 = [

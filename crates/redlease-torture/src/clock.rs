@@ -35,7 +35,7 @@ pub fn set_skew_ms(ms: i64) {
 }
 
 /// The wall clock as this process's clients see it: Unix milliseconds, plus the skew.
-/// Only algorithms that read the client's clock (the seed's old timestamp lock) use it;
+/// Only algorithms that read the client's clock (the old SETNX timestamp lock) use it;
 /// redlease reads Redis's clock (`TIME`) and never this one.
 pub fn wall_ms() -> u64 {
     let now = std::time::SystemTime::now()

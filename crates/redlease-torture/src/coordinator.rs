@@ -219,8 +219,9 @@ async fn start_server(persistence: Persistence) -> Result<Server, String> {
 /// Masters of the `cluster` phase's Redis Cluster.
 pub const CLUSTER_MASTERS: usize = 3;
 
-/// The names of an algorithm's locks in a phase: one, or — under `extend` and
-/// `cluster` — `locks`, so that each client holds several at once. On a cluster, every
+/// The names of an algorithm's locks in a phase: one (or the few a lock over several
+/// names needs), or — under `extend` and `cluster` — `locks`, so that each client holds
+/// several at once. On a cluster, every
 /// lock of the algorithm starts on the same master (the `index`-th, round robin), so
 /// that its clients' renewal ticks there carry several leases; the migrations then
 /// move them apart and back.
@@ -322,13 +323,16 @@ async fn run_phase(
     // Every lock's name, and on a cluster the slots of their keys.
     let (names, slots) = {
         let cluster = cluster.clone();
-        let algs: Vec<&'static str> = algs.iter().map(|a| a.name()).collect();
+        let algs: Vec<(&'static str, usize)> = algs
+            .iter()
+            .map(|a| (a.name(), locks.max(a.min_locks())))
+            .collect();
         let phase_name = phase.name.clone();
         tokio::task::spawn_blocking(move || -> Result<(Vec<Vec<String>>, Vec<u16>), String> {
             let names = algs
                 .iter()
                 .enumerate()
-                .map(|(i, a)| lock_names(cluster.as_deref(), a, &phase_name, locks, i))
+                .map(|(i, &(a, locks))| lock_names(cluster.as_deref(), a, &phase_name, locks, i))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut slots = Vec::new();
             if let Some(c) = &cluster {

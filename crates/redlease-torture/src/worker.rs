@@ -12,6 +12,7 @@
 //! `{"cmd":"stop"}`; end of input also stops it) and reports every critical section on
 //! stdout as one JSON line.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -517,6 +518,23 @@ async fn work<'g>(
     .await;
 }
 
+/// Where the resource is, and the connections to the counters of the locks a client
+/// task has held so far (one per counter, opened on first use).
+struct Counters {
+    addr: String,
+    conns: HashMap<usize, ResourceConn>,
+}
+
+impl Counters {
+    async fn of(&mut self, counter: usize) -> std::io::Result<&mut ResourceConn> {
+        if !self.conns.contains_key(&counter) {
+            let conn = ResourceConn::connect(&self.addr, counter).await?;
+            self.conns.insert(counter, conn);
+        }
+        Ok(self.conns.get_mut(&counter).expect("just inserted"))
+    }
+}
+
 async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot, mut rng: Rng) {
     let spec = &shared.spec;
     let Slot { ai, group, task, .. } = slot;
@@ -526,10 +544,13 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
         let _ = shared.out.send(json!({"t": "fatal", "m": m}).to_string());
         shared.stop.send_replace(true);
     };
-    let mut res = match ResourceConn::connect(&spec.resource, counter).await {
-        Ok(r) => r,
-        Err(e) => return fatal(format!("cannot reach the resource: {e}")),
+    let mut counters = Counters {
+        addr: spec.resource.clone(),
+        conns: HashMap::new(),
     };
+    if let Err(e) = counters.of(counter).await {
+        return fatal(format!("cannot reach the resource: {e}"));
+    }
     let mut stop = shared.stop.subscribe();
     let mut seq: u32 = 0;
     while !*stop.borrow() {
@@ -560,7 +581,14 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
             }
         };
         let acquired_ns = mono_ns();
-        let fence = held.fence();
+        // The counters this holding writes, each with its own fencing token: one, or
+        // one per name of a lock over several. Each is a critical section of its own
+        // in the resource's eyes (and the checker's), over the same holding.
+        let parts: Vec<(usize, u64)> = held
+            .parts(slot.lock)
+            .into_iter()
+            .map(|(lock, fence)| (spec.counter(ai, lock), fence))
+            .collect();
         let held_lease = held.lease().is_some();
         let watcher = held.lease().cloned().map(|lease| {
             shared.observer.spawn(async move {
@@ -588,46 +616,76 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
         let mut extends = Extends::default();
         let mut running: Extending<'_> = FuturesUnordered::new();
 
+        // What every part's report says, and each part's own outcome and refusal.
         let mut report = Map::new();
+        let mut outcomes: Vec<Option<&'static str>> = vec![None; parts.len()];
+        let mut rejected: Vec<Option<u64>> = vec![None; parts.len()];
         let role = held.role();
-        let outcome = 'cs: {
+        'cs: {
+            let pending = |outcomes: &[Option<&'static str>]| -> Vec<usize> {
+                (0..outcomes.len()).filter(|&k| outcomes[k].is_none()).collect()
+            };
             if !still_held(&held) {
-                break 'cs "abandoned";
+                outcomes.fill(Some("abandoned"));
+                break 'cs;
             }
-            let first = match role {
-                Role::Writer => res.read(cs, fence, valid_until_ns(&held)).await,
-                Role::Occupant => res.mark(Op::Begin, cs, valid_until_ns(&held)).await,
-            };
-            let value = match first {
-                Ok(Reply::Accepted { value }) => value,
-                Ok(Reply::Stale { at_ns }) => {
-                    report.insert("rej".into(), at_ns.into());
-                    break 'cs "fenced";
+            let mut values = vec![0; parts.len()];
+            for (k, &(counter, fence)) in parts.iter().enumerate() {
+                let res = match counters.of(counter).await {
+                    Ok(res) => res,
+                    Err(e) => {
+                        fatal(format!("cannot reach the resource: {e}"));
+                        outcomes.fill(Some("io"));
+                        break 'cs;
+                    }
+                };
+                let first = match role {
+                    Role::Writer => res.read(cs, fence, valid_until_ns(&held)).await,
+                    Role::Occupant => res.mark(Op::Begin, cs, valid_until_ns(&held)).await,
+                };
+                match first {
+                    Ok(Reply::Accepted { value }) => values[k] = value,
+                    Ok(Reply::Stale { at_ns }) => {
+                        rejected[k] = Some(at_ns);
+                        outcomes[k] = Some("fenced");
+                    }
+                    Err(e) => {
+                        fatal(format!("resource read failed: {e}"));
+                        outcomes.fill(Some("io"));
+                        break 'cs;
+                    }
                 }
-                Err(e) => {
-                    fatal(format!("resource read failed: {e}"));
-                    break 'cs "io";
-                }
-            };
+            }
+            if pending(&outcomes).is_empty() {
+                break 'cs;
+            }
             work(&held, work_for, plan, &mut running, &mut extends).await;
             if !still_held(&held) {
                 // Tokenless holders are inside since their first access: one that learns
                 // its lease is lost leaves at once (not a completed critical section).
-                if role == Role::Occupant
-                    && let Err(e) = res.mark(Op::Leave, cs, valid_until_ns(&held)).await
-                {
-                    fatal(format!("resource access failed: {e}"));
-                    break 'cs "io";
+                for k in pending(&outcomes) {
+                    if role == Role::Occupant {
+                        let left = match counters.of(parts[k].0).await {
+                            Ok(res) => res.mark(Op::Leave, cs, valid_until_ns(&held)).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = left {
+                            fatal(format!("resource access failed: {e}"));
+                            outcomes.fill(Some("io"));
+                            break 'cs;
+                        }
+                    }
+                    outcomes[k] = Some("abandoned");
                 }
-                break 'cs "abandoned";
+                break 'cs;
             }
             // client-pause: the holder checked its lease a moment ago and now stalls, its
             // whole client frozen, before the write — Kleppmann's scenario.
             let fresh = mono_ns() - acquired_ns < spec.ttl_ms * 200_000;
-            let pending = shared.pauses[ai].load(Ordering::Acquire);
-            let stall = if pending != 0 && (fresh || pending & FRESH == 0) {
+            let pending_stall = shared.pauses[ai].load(Ordering::Acquire);
+            let stall = if pending_stall != 0 && (fresh || pending_stall & FRESH == 0) {
                 shared.pauses[ai]
-                    .compare_exchange(pending, 0, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(pending_stall, 0, Ordering::AcqRel, Ordering::Acquire)
                     .map_or(0, |p| p & !FRESH)
             } else {
                 0
@@ -658,28 +716,39 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
                     std::thread::sleep(lean);
                 }
             }
-            let second = match role {
-                Role::Writer => {
-                    let write = res.write(cs, fence, value + 1, valid_until_ns(&held));
-                    beside(&mut running, &mut extends, write).await
-                }
-                Role::Occupant => {
-                    let end = res.mark(Op::End, cs, valid_until_ns(&held));
-                    beside(&mut running, &mut extends, end).await
-                }
-            };
-            match second {
-                Ok(Reply::Accepted { .. }) => "ok",
-                Ok(Reply::Stale { at_ns }) => {
-                    report.insert("rej".into(), at_ns.into());
-                    "fenced"
-                }
-                Err(e) => {
-                    fatal(format!("resource write failed: {e}"));
-                    "io"
-                }
+            for k in pending(&outcomes) {
+                let (counter, fence) = parts[k];
+                let res = match counters.of(counter).await {
+                    Ok(res) => res,
+                    Err(e) => {
+                        fatal(format!("cannot reach the resource: {e}"));
+                        outcomes.fill(Some("io"));
+                        break 'cs;
+                    }
+                };
+                let second = match role {
+                    Role::Writer => {
+                        let write = res.write(cs, fence, values[k] + 1, valid_until_ns(&held));
+                        beside(&mut running, &mut extends, write).await
+                    }
+                    Role::Occupant => {
+                        let end = res.mark(Op::End, cs, valid_until_ns(&held));
+                        beside(&mut running, &mut extends, end).await
+                    }
+                };
+                outcomes[k] = Some(match second {
+                    Ok(Reply::Accepted { .. }) => "ok",
+                    Ok(Reply::Stale { at_ns }) => {
+                        rejected[k] = Some(at_ns);
+                        "fenced"
+                    }
+                    Err(e) => {
+                        fatal(format!("resource write failed: {e}"));
+                        "io"
+                    }
+                });
             }
-        };
+        }
         // Extends still running finish before the release (one that does not within 10 s
         // counts as failed).
         let by = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -717,24 +786,34 @@ async fn client_task(shared: Arc<Shared>, lock: Arc<dyn LockClient>, slot: Slot,
         if held_lease {
             report.insert("l".into(), true.into());
         }
-        if extends.ok + extends.not_held + extends.failed > 0 {
-            report.insert("ext".into(), extends.ok.into());
-            report.insert("ext_nh".into(), extends.not_held.into());
-            report.insert("ext_err".into(), extends.failed.into());
-            if let Some(e) = extends.error {
-                report.insert("ext_m".into(), e.into());
-            }
-        }
         report.insert("t".into(), "cs".into());
-        report.insert("a".into(), counter.into());
         report.insert("cs".into(), cs.into());
-        report.insert("o".into(), outcome.into());
         report.insert("start".into(), start_ns.into());
         report.insert("got".into(), acquired_ns.into());
         report.insert("rel".into(), release.name().into());
         report.insert("rel_ns".into(), released_ns.into());
-        let _ = shared.out.send(Value::Object(report).to_string());
-        if outcome == "io" {
+        let mut io = false;
+        for (k, &(counter, _)) in parts.iter().enumerate() {
+            let mut report = report.clone();
+            // The extends of the holding, counted once.
+            if k == 0 && extends.ok + extends.not_held + extends.failed > 0 {
+                report.insert("ext".into(), extends.ok.into());
+                report.insert("ext_nh".into(), extends.not_held.into());
+                report.insert("ext_err".into(), extends.failed.into());
+                if let Some(e) = &extends.error {
+                    report.insert("ext_m".into(), e.clone().into());
+                }
+            }
+            if let Some(at_ns) = rejected[k] {
+                report.insert("rej".into(), at_ns.into());
+            }
+            let outcome = outcomes[k].unwrap_or("io");
+            io |= outcome == "io";
+            report.insert("a".into(), counter.into());
+            report.insert("o".into(), outcome.into());
+            let _ = shared.out.send(Value::Object(report).to_string());
+        }
+        if io {
             break;
         }
     }

@@ -91,7 +91,7 @@ async fn run(env: &Env, method: Method, hot: bool) -> Result<(Duration, u64), Bo
                 }
                 Method::Cas | Method::CasBackoff => {
                     let mut seen: Option<String> = None;
-                    // xorshift64, seeded per task so the tasks' pauses differ.
+                    // xorshift64, started from a per-task value so the tasks' pauses differ.
                     let mut rng = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(task as u64 + 1);
                     for _ in 0..ops {
                         let mut streak = 0u32;

@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let done = Transaction::new(&pool, &[KEY])
                     .max_attempts(1_000)
                     .run(|tx| async move {
-                        // The seed's `val = GET mykey; val = val + 1`, read after WATCH.
+                        // The classic `val = GET mykey; val = val + 1`, read after WATCH.
                         let value: Option<i64> = tx.get(KEY).await?;
                         tokio::task::yield_now().await; // widen the race window
                         let mut writes = redis::pipe();

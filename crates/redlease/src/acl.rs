@@ -65,6 +65,11 @@ const COMMANDS: &[&str] = &[
 /// `+client|setinfo` to keep the log quiet. A URL that selects a database other than
 /// 0 also needs `+select`.
 ///
+/// [`Client::list`](crate::Client::list) is not covered: it also needs `+scan +type
+/// +zcount +zrange +hmget` (and `+cluster|slots` on a cluster), and `SCAN` returns key
+/// names beyond the user's key patterns — grant it to an operator's user, not to
+/// every locker's.
+///
 /// # Examples
 ///
 /// ```
@@ -112,11 +117,13 @@ mod tests {
     }
 
     /// Every command any script calls by name must be granted; publishing goes through
-    /// an argument (PUBLISH or SPUBLISH) and is granted above.
+    /// an argument (PUBLISH or SPUBLISH) and is granted above. `list`'s script is the
+    /// exception: listing is an operator's task, and its `SCAN` sees every key name
+    /// whatever the key patterns, so its commands are documented apart, not granted.
     #[test]
     fn every_command_the_scripts_call_is_granted() {
         let mut called = std::collections::BTreeSet::new();
-        for script in crate::script::all() {
+        for script in crate::script::all().into_iter().filter(|s| s.name != "list_lock") {
             let code = script.code();
             for (i, _) in code.match_indices("call('") {
                 let rest = &code[i + "call('".len()..];

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::fair::FairMutex;
 use crate::keys;
 use crate::legacy::{LegacyLock, LegacyOptions};
+use crate::multi::MultiLock;
 use crate::mutex::Mutex;
 use crate::options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, LeaseOptions,
@@ -25,6 +26,17 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 ///
 /// Cheap to clone. Background tasks stop when the client and every lock and guard made
 /// from it are dropped.
+///
+/// # Names
+///
+/// Every lock, semaphore and election lives at key `<prefix><name>`. A name is 1 to
+/// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
+/// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
+/// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or `}`
+/// in the key must form a complete hash tag that comes first: `{user42}.lock` and
+/// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+/// non-ASCII letters — is allowed. A refused name is [`Error::InvalidName`], whose
+/// message shows the name escaped and cut after 64 characters.
 ///
 /// # Examples
 ///
@@ -59,7 +71,7 @@ impl Client {
         Client::builder(redis).build().await
     }
 
-    /// Connects to a Redis Cluster through the given seed nodes (any subset of its
+    /// Connects to a Redis Cluster through the given nodes (any subset of its
     /// nodes; the rest are discovered), with the default settings.
     ///
     /// Commands go to the node owning each lock's slot; wake-ups use sharded pub/sub.
@@ -67,7 +79,7 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when a URL is invalid or no seed node can be reached.
+    /// [`Error::Config`] when a URL is invalid or none of the nodes can be reached.
     ///
     /// # Examples
     ///
@@ -86,8 +98,8 @@ impl Client {
         Client::cluster_builder(nodes)?.build().await
     }
 
-    /// Starts configuring a client for a Redis Cluster reached through `nodes` (seed
-    /// URLs such as `redis://host:port`; user name and password from the first).
+    /// Starts configuring a client for a Redis Cluster reached through `nodes` (the
+    /// URLs of any of its nodes, such as `redis://host:port`; user name and password from the first).
     ///
     /// The client opens two cluster connections: one for commands (unless
     /// [`connection`](ClientBuilder::connection) gives yours — it must then be a cluster
@@ -171,23 +183,43 @@ impl Client {
         }))
     }
 
-    /// Starts configuring a client for `redis`, which is also used to open the
-    /// wake-up connection.
+    /// Starts configuring a client for `redis` (a [`redis::Client`], re-exported as
+    /// `redlease::redis::Client`), which is also used to open the wake-up connection.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redlease::redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let client = redlease::Client::builder(redis).prefix("billing:").build().await?;
+    /// # let _ = client;
+    /// # Ok(()) }
+    /// ```
     pub fn builder(redis: redis::Client) -> ClientBuilder {
         ClientBuilder::new(Source::Standalone(redis))
     }
 
     /// A plain mutex at key `<prefix><name>` with default options (30 s lease, auto-renew).
     ///
+    /// # Names
+    ///
+    /// The lock lives at key `<prefix><name>`. A name is 1 to
+    /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
+    /// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
+    /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or
+    /// `}` in the key must form a complete hash tag that comes first: `{user42}.lock` and
+    /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+    /// non-ASCII letters — is allowed.
+    ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for an empty or over-long name, or one whose key could not
-    /// keep its auxiliary keys in its cluster slot.
+    /// [`Error::InvalidName`] for a name that breaks these rules; its message shows the
+    /// name escaped and shortened.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A plain mutex with the given lease options.
+    /// A plain mutex with the given lease options. Names follow the [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -196,9 +228,53 @@ impl Client {
         Mutex::new(self.ctx.clone(), name, options)
     }
 
+    /// A lock over several names at once, taken all or none, with default options
+    /// (30 s lease, auto-renew). Each name is exactly the plain [`mutex`](Client::mutex)
+    /// of that name, with its own fencing token; see [`MultiLock`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a name as for [`mutex`](Client::mutex);
+    /// [`Error::InvalidArgument`] for an empty list or a name given twice.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(client: redlease::Client) -> Result<(), redlease::Error> {
+    /// let guard = client.multi_lock(["inventory", "orders"])?.lock().await?;
+    /// println!("fencing tokens {:?}", guard.fences());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn multi_lock<I>(&self, names: I) -> Result<MultiLock>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        self.multi_lock_with(names, LeaseOptions::default())
+    }
+
+    /// A lock over several names with the given lease options (one lease for all of
+    /// them).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`], [`Error::InvalidTtl`] or [`Error::InvalidArgument`] (an
+    /// empty list, a name given twice, or a [`ReplicaAck`](crate::ReplicaAck) policy,
+    /// which a lock over several names does not support).
+    pub fn multi_lock_with<I>(&self, names: I, options: LeaseOptions) -> Result<MultiLock>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        MultiLock::new(self.ctx.clone(), names, options)
+    }
+
     /// A lock in the old `SETNX <unix time + timeout + 1>` format at key
     /// `<prefix><name>`, shared with unmodified old clients. An interop mode with
-    /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`].
+    /// weaker guarantees than [`mutex`](Client::mutex); see [`LegacyLock`]. Names follow
+    /// the [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -214,12 +290,13 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
         self.fair_mutex_with(name, LeaseOptions::default())
     }
 
-    /// A fair mutex with the given lease options.
+    /// A fair mutex with the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -233,12 +310,13 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
         self.rwlock_with(name, LeaseOptions::default())
     }
 
-    /// A read-write lock with the given lease options (for readers and writers).
+    /// A read-write lock with the given lease options (for readers and writers). Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -252,13 +330,14 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`]; [`Error::InvalidArgument`] when `limit` is 0 or above
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names); [`Error::InvalidArgument`] when `limit` is 0 or above
     /// [`MAX_PERMITS`](crate::MAX_PERMITS).
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         self.semaphore_with(name, limit, LeaseOptions::default())
     }
 
-    /// A semaphore of `limit` permits with the given lease options.
+    /// A semaphore of `limit` permits with the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
@@ -272,18 +351,52 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`], as for [`mutex`](Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](Client#names).
     pub fn election(&self, name: &str) -> Result<Election> {
         self.election_with(name, LeaseOptions::default())
     }
 
-    /// A leader election whose leaderships have the given lease options.
+    /// A leader election whose leaderships have the given lease options. Names follow the
+    /// [name rules](Client#names).
     ///
     /// # Errors
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidTtl`].
     pub fn election_with(&self, name: &str, options: LeaseOptions) -> Result<Election> {
         Election::new(self.ctx.clone(), name, options)
+    }
+
+    /// The connection this client sends its commands over, for the application's own
+    /// commands: a cheap handle that implements redis-rs's
+    /// [`ConnectionLike`](redis::aio::ConnectionLike), so [`redis::cmd`]`(..).query_async`,
+    /// [`redis::AsyncCommands`], pipelines and `MULTI`/`EXEC` pipelines
+    /// ([`redis::Pipeline::atomic`]) work on it. It is the connection redlease opened —
+    /// or the one given to [`ClientBuilder::connection`] — so it reconnects, follows a
+    /// Sentinel failover or routes by cluster slot as that one does.
+    ///
+    /// The connection is shared with every lock of the client: send no blocking
+    /// commands (`BLPOP`, `XREAD BLOCK`, `WAIT`), no `WATCH`, `SUBSCRIBE`, `SELECT` or
+    /// `CLIENT REPLY` over it — a renewal queued behind a blocked command may come too
+    /// late. Use [`optimistic`](crate::optimistic) or a connection of your own for those.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use redlease::redis::AsyncCommands;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redlease::Client::connect("redis://127.0.0.1:6379").await?;
+    /// let guard = client.mutex("invoice-run")?.lock().await?;
+    /// let mut conn = client.connection();
+    /// let last: Option<u64> = conn.get("invoices:last").await?;
+    /// let _: () = conn.set("invoices:last", last.unwrap_or(0) + 1).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connection(&self) -> SharedConnection {
+        SharedConnection {
+            conn: self.ctx.conn.clone(),
+        }
     }
 
     /// The key prefix.
@@ -309,14 +422,47 @@ impl Client {
     }
 }
 
+/// The command connection of a [`Client`], for the application's own commands (see
+/// [`Client::connection`]). Cheap to clone.
+#[derive(Clone)]
+pub struct SharedConnection {
+    conn: Arc<dyn CommandConnection>,
+}
+
+impl std::fmt::Debug for SharedConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedConnection")
+    }
+}
+
+impl redis::aio::ConnectionLike for SharedConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        self.conn.send(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.conn.send_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.db()
+    }
+}
+
 /// Counters of one client's background renewal work (see [`Client::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientStats {
     /// Renewal ticks run: each renews every lease due at that moment in one batch.
     pub renewal_ticks: u64,
-    /// Round trips those ticks made: one per tick (per node on a cluster), plus the
-    /// reloads after a server forgot its scripts.
+    /// Round trips those ticks made: one per tick (per node on a cluster), one more per
+    /// node for each [`MultiLock`] renewed in the tick, plus the reloads after a server
+    /// forgot its scripts.
     pub renewal_round_trips: u64,
     /// Lease renewals that succeeded.
     pub leases_renewed: u64,
@@ -396,7 +542,7 @@ impl ClientBuilder {
     /// Sends commands over `conn` (a `MultiplexedConnection`, `ConnectionManager`, ...;
     /// for a cluster client, a redis-rs cluster connection) instead of opening a
     /// connection. The wake-up connection is still opened by redlease — from the
-    /// `redis::Client`, the cluster's seed nodes or the sentinels — because pub/sub
+    /// `redis::Client`, the cluster nodes given or the sentinels — because pub/sub
     /// needs a connection of its own. With Sentinel, a connection given here does not
     /// follow a failover.
     pub fn connection(mut self, conn: impl CommandConnection) -> Self {
@@ -404,7 +550,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Key prefix for every lock (default `redlease:`; may be empty).
+    /// Key prefix for every lock (default `redlease:`; may be empty). Like a name, at
+    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters:
+    /// [`build`](Self::build) refuses another with [`Error::Config`].
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -452,6 +600,7 @@ impl ClientBuilder {
         // rustls needs a process-wide crypto provider before any rediss:// connection.
         #[cfg(feature = "tls")]
         crate::transport::tls::install_crypto_provider();
+        keys::check_prefix(&self.prefix)?;
         if self.retention > keys::MAX_TTL {
             return Err(Error::Config {
                 reason: "metadata retention may be at most 30 days".into(),
@@ -480,13 +629,11 @@ impl ClientBuilder {
                             .set_number_of_retries(1);
                         let manager = redis::aio::ConnectionManager::new_with_config(redis.clone(), config)
                             .await
-                            .map_err(|e| Error::Config {
-                                reason: format!(
-                                    "cannot connect to redis at {}{}",
-                                    redis.get_connection_info().addr(),
-                                    tls_hint(&redis, &e)
-                                ),
-                                source: Some(e),
+                            .map_err(|e| {
+                                let addr = redis.get_connection_info().addr().to_string();
+                                let reason =
+                                    format!("cannot connect to redis at {addr}{}", tls_hint(&redis, &e));
+                                cannot_connect(addr, reason, e)
                             })?;
                         Arc::new(manager)
                     }
@@ -504,9 +651,10 @@ impl ClientBuilder {
                 )
             }
             Source::Cluster(nodes) => {
-                let unreachable = |e| Error::Config {
-                    reason: format!("cannot connect to the redis cluster at {}", addrs(&nodes)),
-                    source: Some(e),
+                let unreachable = |e| {
+                    let addr = addrs(&nodes);
+                    let reason = format!("cannot connect to the redis cluster at {addr}");
+                    cannot_connect(addr, reason, e)
                 };
                 let (conn, batching): (Arc<dyn CommandConnection>, Batching) = match self.conn {
                     // A caller's connection routes by slot only: batch per slot.
@@ -545,9 +693,9 @@ impl ClientBuilder {
                         reason: "invalid sentinel settings".into(),
                         source: Some(e),
                     })?;
-                sentinel.connect().await.map_err(|e| Error::Config {
-                    reason: format!("cannot reach master {master:?} through the sentinels at {via}"),
-                    source: Some(e),
+                sentinel.connect().await.map_err(|e| {
+                    let reason = format!("cannot reach master {master:?} through the sentinels at {via}");
+                    cannot_connect(via.clone(), reason, e)
                 })?;
                 let conn: Arc<dyn CommandConnection> = match self.conn {
                     Some(conn) => conn,
@@ -566,6 +714,7 @@ impl ClientBuilder {
                 )
             }
         };
+        check_server(&*conn, &self.prefix).await?;
         let topology = Topology {
             deployment,
             response_timeout,
@@ -581,6 +730,68 @@ impl ClientBuilder {
             topology,
         });
         Ok(Client { ctx })
+    }
+}
+
+/// The Redis version below which no lock works: every lease renews with
+/// `PEXPIRE … GT`.
+const OLDEST_SUPPORTED: &str = "7.0";
+
+/// Refuses a server too old for redlease, naming its version: asks it to run
+/// `PEXPIRE <key> 1 GT` — which never shortens a TTL, whatever the key holds — and an
+/// older server refuses the `GT`. Any other failure (a user without the permission, a
+/// timeout) is left to the operations that follow: this check must not make a working
+/// set-up fail.
+async fn check_server(conn: &dyn CommandConnection, prefix: &str) -> Result<()> {
+    let mut probe = redis::cmd("PEXPIRE");
+    probe
+        .arg(format!("{prefix}redlease-server-check"))
+        .arg(1)
+        .arg("GT");
+    let Err(e) = conn.send(&probe).await else {
+        return Ok(());
+    };
+    let Some((needs, feature)) = crate::error::too_old_for(&e.to_string()) else {
+        tracing::debug!(error = %e, "could not check the server's version");
+        return Ok(());
+    };
+    debug_assert_eq!(needs, OLDEST_SUPPORTED);
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let version = match conn.send(&info).await {
+        Ok(redis::Value::BulkString(text)) => redis_version(&String::from_utf8_lossy(&text)),
+        Ok(redis::Value::VerbatimString { text, .. }) => redis_version(&text),
+        _ => None,
+    };
+    Err(Error::UnsupportedServer {
+        version,
+        needs,
+        feature,
+    })
+}
+
+/// `redis_version` from an `INFO server` reply.
+fn redis_version(info: &str) -> Option<String> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .map(|v| v.trim().to_owned())
+}
+
+/// The error of a connection that failed: [`Error::Certificate`] when a certificate was
+/// refused (the server is up; its certificate or ours is wrong), else [`Error::Config`].
+fn cannot_connect(addr: String, reason: String, source: redis::RedisError) -> Error {
+    #[cfg(feature = "tls")]
+    if let Some(problem) = crate::transport::tls::certificate_problem(&source) {
+        return Error::Certificate {
+            addr,
+            problem,
+            source,
+        };
+    }
+    let _ = addr;
+    Error::Config {
+        reason,
+        source: Some(source),
     }
 }
 

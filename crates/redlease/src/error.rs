@@ -12,7 +12,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 #[non_exhaustive]
 pub enum Error {
     /// `try_lock` found the lock held by someone else.
-    #[error("lock {name:?} is held by another owner")]
+    #[error("lock {} is held by another owner", Shown(.name))]
     Contended {
         /// The lock's name.
         name: String,
@@ -21,7 +21,7 @@ pub enum Error {
     },
 
     /// A waiting acquire reached its deadline without getting the lock.
-    #[error("gave up waiting for lock {name:?} after {waited:?}")]
+    #[error("gave up waiting for lock {} after {waited:?}", Shown(.name))]
     Timeout {
         /// The lock's name.
         name: String,
@@ -31,14 +31,14 @@ pub enum Error {
 
     /// A release or extend found that the token no longer holds the lock: the lease
     /// expired, was released, or was taken over. Nothing was changed.
-    #[error("lock {name:?} is not held by this owner (the lease expired, was released or was taken over)")]
+    #[error("lock {} is not held by this owner (the lease expired, was released or was taken over)", Shown(.name))]
     NotHeld {
         /// The lock's name.
         name: String,
     },
 
     /// The lock name (with the prefix) cannot be used as a Redis key.
-    #[error("invalid lock name {name:?}: {reason}")]
+    #[error("invalid lock name {}: {reason}", Shown(.name))]
     InvalidName {
         /// The rejected name.
         name: String,
@@ -47,7 +47,7 @@ pub enum Error {
     },
 
     /// A lease length is zero, too short to be useful, or absurdly long.
-    #[error("invalid ttl {ttl:?} for lock {name:?}: {reason}")]
+    #[error("invalid ttl {ttl:?} for lock {}: {reason}", Shown(.name))]
     InvalidTtl {
         /// The lock's name.
         name: String,
@@ -58,7 +58,7 @@ pub enum Error {
     },
 
     /// Some other argument is out of range.
-    #[error("invalid {what} for lock {name:?}: {reason}")]
+    #[error("invalid {what} for lock {}: {reason}", Shown(.name))]
     InvalidArgument {
         /// The lock's name.
         name: String,
@@ -70,7 +70,7 @@ pub enum Error {
 
     /// Permits of the semaphore are held under a different limit than this handle's.
     /// Nothing was changed. The limit can change only while no permit is held.
-    #[error("semaphore {name:?} is in use with a limit of {existing} permits, not {limit}")]
+    #[error("semaphore {} is in use with a limit of {existing} permits, not {limit}", Shown(.name))]
     LimitMismatch {
         /// The semaphore's name.
         name: String,
@@ -81,7 +81,7 @@ pub enum Error {
     },
 
     /// A key of the lock holds a value of another type: something else uses that key.
-    #[error("key {key:?} of lock {name:?} holds a value of the wrong type; is another program using it?")]
+    #[error("key {} of lock {} holds a value of the wrong type; is another program using it?", Shown(.key), Shown(.name))]
     WrongType {
         /// The lock's name.
         name: String,
@@ -93,7 +93,7 @@ pub enum Error {
     /// acknowledged an acquire or extend in time, and the policy said to release: the
     /// lock was released (or will expire) and must not be relied on.
     #[error(
-        "lock {name:?} was acknowledged by {acked} of the {wanted} replicas required in time; it was released"
+        "lock {} was acknowledged by {acked} of the {wanted} replicas required in time; it was released", Shown(.name)
     )]
     NotReplicated {
         /// The lock's name.
@@ -105,14 +105,14 @@ pub enum Error {
     },
 
     /// The server refused a write because it is a read-only replica.
-    #[error("redis refused to write lock {name:?}: the server is a read-only replica")]
+    #[error("redis refused to write lock {}: the server is a read-only replica", Shown(.name))]
     ReadOnly {
         /// The lock's name.
         name: String,
     },
 
     /// Any other failure talking to Redis: unreachable, timed out, refused, or an error reply.
-    #[error("redis failed during {op} of lock {name:?}: {source}")]
+    #[error("redis failed during {op} of lock {}: {source}", Shown(.name))]
     Redis {
         /// The lock's name.
         name: String,
@@ -176,7 +176,7 @@ pub enum Error {
     /// acquire nothing is held (whatever was taken was released again); after an
     /// extend the lease is unchanged.
     #[error(
-        "lock {name:?} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}",
+        "lock {} needs {quorum} of {nodes} redis masters for its {op}, but only {reachable} answered in time{}", Shown(.name),
         source.as_ref().map(|e| format!(" (first failure: {e})")).unwrap_or_default()
     )]
     NoQuorum {
@@ -194,6 +194,36 @@ pub enum Error {
         source: Option<RedisError>,
     },
 
+    /// A TLS connection failed over a certificate — the server's or the client's — not
+    /// because the server is down: fix the certificate, not the address.
+    #[error("cannot set up redlease: TLS with redis at {addr} failed: {problem}")]
+    Certificate {
+        /// The server's address.
+        addr: String,
+        /// What is wrong.
+        problem: CertificateProblem,
+        /// What the TLS library reported.
+        #[source]
+        source: RedisError,
+    },
+
+    /// The Redis server is older than a command redlease needs: renewing any lease
+    /// uses `PEXPIRE … GT` (Redis 7.0), Cluster wake-ups sharded pub/sub (7.0). Found
+    /// when the client is built (it probes the server), or when a command fails with
+    /// the error an older server gives.
+    #[error(
+        "{} is too old for redlease: it needs Redis {needs} or newer ({feature})",
+        .version.as_deref().map_or_else(|| "this Redis server".to_owned(), |v| format!("redis {v}"))
+    )]
+    UnsupportedServer {
+        /// The server's `redis_version`, when it could be read.
+        version: Option<String>,
+        /// The oldest Redis version that works.
+        needs: &'static str,
+        /// What needs it.
+        feature: &'static str,
+    },
+
     /// The client could not be set up.
     #[error("cannot set up redlease: {reason}")]
     Config {
@@ -205,7 +235,73 @@ pub enum Error {
     },
 }
 
+/// What is wrong with a certificate (see [`Error::Certificate`]).
+///
+/// A certificate that works is an X.509 **v3** certificate — `openssl x509 -req`
+/// makes v1 certificates unless given extensions with `-extfile` — naming the server
+/// in its `subjectAltName`, signed by the CA the client trusts. See
+/// [`TlsOptions`](crate::TlsOptions) for commands that make one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CertificateProblem {
+    /// The client certificate is an X.509 v1 certificate (made without extensions);
+    /// only v3 certificates are accepted.
+    ClientCertificateNotV3,
+    /// The client certificate or key could not be used (not matching, not a supported
+    /// key type, not a certificate).
+    ClientCertificateUnusable,
+    /// The server's certificate is an X.509 v1 certificate; only v3 certificates are
+    /// accepted.
+    ServerCertificateNotV3,
+    /// The server's certificate is not signed by a CA the client trusts.
+    UnknownIssuer,
+    /// The server's certificate does not name the host or address connected to.
+    WrongName,
+    /// The server's certificate has expired or is not valid yet.
+    Expired,
+    /// The server refused the client's certificate, or requires one
+    /// (`tls-auth-clients yes`) and none was given.
+    ClientCertificateRefused,
+    /// Another certificate failure; the error's source says which.
+    Other,
+}
+
+impl std::fmt::Display for CertificateProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CertificateProblem::ClientCertificateNotV3 => {
+                "the client certificate is an X.509 v1 certificate; only v3 certificates are accepted \
+                 (sign it with v3 extensions: openssl x509 -req ... -extfile v3.ext)"
+            }
+            CertificateProblem::ClientCertificateUnusable => {
+                "the client certificate or its key cannot be used (do they belong together, and is the key \
+                 an RSA, ECDSA or Ed25519 key in PEM?)"
+            }
+            CertificateProblem::ServerCertificateNotV3 => {
+                "the server's certificate is an X.509 v1 certificate; only v3 certificates are accepted \
+                 (sign it with v3 extensions, including subjectAltName: openssl x509 -req ... -extfile v3.ext)"
+            }
+            CertificateProblem::UnknownIssuer => {
+                "the server's certificate is not signed by a CA this client trusts (give the CA certificate that signed it)"
+            }
+            CertificateProblem::WrongName => {
+                "the server's certificate does not name the host or address connected to (its subjectAltName must)"
+            }
+            CertificateProblem::Expired => "the server's certificate has expired or is not valid yet",
+            CertificateProblem::ClientCertificateRefused => {
+                "the server refused the client certificate, or requires one and none was given"
+            }
+            CertificateProblem::Other => "a certificate was refused",
+        })
+    }
+}
+
 impl Error {
+    /// A TLS certificate was refused (see [`Error::Certificate`]).
+    pub fn is_certificate_problem(&self) -> bool {
+        matches!(self, Error::Certificate { .. })
+    }
+
     /// The lock was held by someone else (`try_lock`).
     pub fn is_contended(&self) -> bool {
         matches!(self, Error::Contended { .. })
@@ -268,6 +364,8 @@ impl Error {
             | Error::Redis { name, .. }
             | Error::NoQuorum { name, .. } => Some(name),
             Error::Config { .. }
+            | Error::Certificate { .. }
+            | Error::UnsupportedServer { .. }
             | Error::TooMuchContention { .. }
             | Error::TransactionRejected { .. }
             | Error::TransactionPartlyFailed { .. } => None,
@@ -277,6 +375,13 @@ impl Error {
     /// Maps a redis-rs error of operation `op` on lock `name` to the matching variant.
     pub(crate) fn from_redis(name: &str, key: &str, op: &'static str, source: RedisError) -> Self {
         let detail = source.to_string();
+        if let Some((needs, feature)) = too_old_for(&detail) {
+            return Error::UnsupportedServer {
+                version: None,
+                needs,
+                feature,
+            };
+        }
         if source.code() == Some("WRONGTYPE") || detail.contains("WRONGTYPE") {
             return Error::WrongType {
                 name: name.to_owned(),
@@ -297,6 +402,26 @@ impl Error {
             source,
         }
     }
+}
+
+/// The Redis version and the feature an error reply says the server lacks: what a
+/// server older than 7.0 answers to the commands redlease needs from 7.0 on.
+pub(crate) fn too_old_for(detail: &str) -> Option<(&'static str, &'static str)> {
+    let lower = detail.to_ascii_lowercase();
+    if lower.contains("wrong number of arguments for 'pexpire'") {
+        return Some(("7.0", "PEXPIRE … GT, which renews every lease"));
+    }
+    if lower.contains("unknown command")
+        && ["spublish", "ssubscribe", "shardnumsub"]
+            .iter()
+            .any(|c| lower.contains(c))
+    {
+        return Some(("7.0", "sharded pub/sub, which wakes waiters on a cluster"));
+    }
+    if lower.contains("unknown command") && lower.contains("zmscore") {
+        return Some(("6.2", "ZMSCORE"));
+    }
+    None
 }
 
 /// `"; first: command <i>: <message>"`, or nothing when the list is empty.
@@ -327,5 +452,103 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
         )
 }
 
+/// How a name or key appears in a message: quoted, control characters escaped (a name
+/// with `\r` or an ANSI escape must not rewrite the reader's terminal), and cut after
+/// [`SHOWN_CHARS`] characters with its length in bytes (`"xxx…"(10240 bytes)`), so a
+/// rejected 10 KB name does not fill the screen.
+pub(crate) struct Shown<'a>(pub &'a str);
+
+/// How many characters of a name a message shows.
+pub(crate) const SHOWN_CHARS: usize = 64;
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        f.write_char('"')?;
+        for (i, c) in self.0.chars().enumerate() {
+            if i == SHOWN_CHARS {
+                return write!(f, "…\"({} bytes)", self.0.len());
+            }
+            match c {
+                '"' | '\\' => write!(f, "\\{c}")?,
+                c if needs_escape(c) => write!(f, "{}", c.escape_default())?,
+                c => f.write_char(c)?,
+            }
+        }
+        f.write_char('"')
+    }
+}
+
+/// Characters a message never shows as they are: control characters, and the
+/// bidirectional overrides that reorder what a terminal displays.
+fn needs_escape(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_old_servers_errors_name_the_version_needed() {
+        let pexpire = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "wrong number of arguments for 'pexpire' command".to_owned(),
+        ));
+        let err = Error::from_redis("x", "redlease:x", "extend", pexpire);
+        assert!(
+            matches!(
+                err,
+                Error::UnsupportedServer {
+                    version: None,
+                    needs: "7.0",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "this Redis server is too old for redlease: it needs Redis 7.0 or newer (PEXPIRE … GT, which renews every lease)"
+        );
+        assert!(too_old_for("ERR unknown command `SPUBLISH`, with args beginning with").is_some());
+        assert!(too_old_for("ERR syntax error").is_none());
+        let known = Error::UnsupportedServer {
+            version: Some("6.2.14".into()),
+            needs: "7.0",
+            feature: "PEXPIRE … GT",
+        };
+        assert!(
+            known
+                .to_string()
+                .starts_with("redis 6.2.14 is too old for redlease")
+        );
+    }
+
+    #[test]
+    fn names_in_messages_are_escaped_and_shortened() {
+        assert_eq!(Shown("deploy").to_string(), r#""deploy""#);
+        assert_eq!(Shown("ü-ñ-名前").to_string(), r#""ü-ñ-名前""#);
+        assert_eq!(Shown("a\rb\x1b[31mc\n").to_string(), r#""a\rb\u{1b}[31mc\n""#);
+        assert_eq!(Shown("q\"b\\").to_string(), r#""q\"b\\""#);
+        let long = "x".repeat(10 * 1024);
+        let shown = Shown(&long).to_string();
+        assert_eq!(shown, format!("\"{}…\"(10240 bytes)", "x".repeat(64)));
+        assert_eq!(
+            Shown(&"y".repeat(64)).to_string().len(),
+            66,
+            "64 characters are shown whole"
+        );
+        let err = Error::InvalidName {
+            name: format!("\x1b[31m{long}"),
+            reason: "the name contains control characters",
+        };
+        let text = err.to_string();
+        assert!(!text.contains('\x1b') && text.len() < 200, "{text}");
+        assert!(text.contains("(10245 bytes)"), "{text}");
+    }
+}

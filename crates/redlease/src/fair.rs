@@ -8,6 +8,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::heartbeat::{Heartbeat, WaiterTtl, waiter_id};
+use crate::engine::metrics::Primitive;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -130,7 +131,7 @@ pub struct FairMutexStatus {
 impl FairMutex {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::FairMutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let lock = base.key.clone();
         let queue: Arc<str> = keys.aux("queue").into();

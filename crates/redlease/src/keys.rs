@@ -41,9 +41,7 @@ impl LockKeys {
         if name.len() > MAX_NAME_LEN {
             return Err(invalid("the name is longer than 1024 bytes"));
         }
-        if name.bytes().any(|b| b < 0x20 || b == 0x7f)
-            || (!name.is_ascii() && name.chars().any(char::is_control))
-        {
+        if has_control(name) {
             return Err(invalid("the name contains control characters"));
         }
         let mut key = String::with_capacity(prefix.len() + name.len());
@@ -74,6 +72,26 @@ impl LockKeys {
         aux.push_str(suffix);
         aux
     }
+}
+
+/// Whether `s` has a control character (the ASCII ones, DEL, and Unicode's).
+fn has_control(s: &str) -> bool {
+    s.bytes().any(|b| b < 0x20 || b == 0x7f) || (!s.is_ascii() && s.chars().any(char::is_control))
+}
+
+/// Checks a key prefix: the rules of a name, except that it may be empty.
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    let reason = if prefix.len() > MAX_NAME_LEN {
+        "is longer than 1024 bytes"
+    } else if has_control(prefix) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Config {
+        reason: format!("the key prefix {} {reason}", crate::error::Shown(prefix)),
+        source: None,
+    })
 }
 
 /// The Redis Cluster slot of `key`: CRC16/XMODEM of its hash tag (or of the whole key),
@@ -201,6 +219,29 @@ impl FenceKeys {
             }
             table
         })
+    }
+}
+
+/// Whether `key` is one of the shared fencing counters of `prefix` or its floor —
+/// `{<prefix>fence}` on one server, `{<prefix>fence:<n>}` on a Cluster, each with its
+/// `:floor` (see [`FenceKeys`]) — and so not a lock. (Under a prefix with braces a
+/// Cluster's counters are auxiliary keys of each lock, `<lock key>:fence` and
+/// `<lock key>:floor`.)
+pub(crate) fn is_fence_counter(prefix: &str, key: &str) -> bool {
+    let Some(rest) = key
+        .strip_prefix('{')
+        .and_then(|k| k.strip_prefix(prefix))
+        .and_then(|k| k.strip_prefix("fence"))
+    else {
+        return false;
+    };
+    let rest = rest.strip_suffix(":floor").unwrap_or(rest);
+    match rest.strip_suffix('}') {
+        Some("") => true,
+        Some(n) => n
+            .strip_prefix(':')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
     }
 }
 
@@ -364,6 +405,39 @@ mod tests {
         let long = "x".repeat(MAX_NAME_LEN + 1);
         assert!(LockKeys::new("", &long).is_err());
         assert!(LockKeys::new("", &"x".repeat(MAX_NAME_LEN)).is_ok());
+    }
+
+    #[test]
+    fn prefixes_follow_the_rules_of_names_but_may_be_empty() {
+        assert!(check_prefix("").is_ok());
+        assert!(check_prefix("redlease:").is_ok());
+        assert!(check_prefix(&"p".repeat(MAX_NAME_LEN)).is_ok());
+        let err = check_prefix("a\rb").unwrap_err().to_string();
+        assert!(err.contains(r#""a\rb" contains control characters"#), "{err}");
+        let err = check_prefix(&"p".repeat(MAX_NAME_LEN + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("longer than 1024 bytes") && err.len() < 200, "{err}");
+    }
+
+    #[test]
+    fn fence_counters_are_recognised() {
+        let keys = LockKeys::new("redlease:", "deploy").unwrap();
+        for per_slot in [false, true] {
+            for key in FenceKeys::new("redlease:", per_slot).of(&keys) {
+                assert!(is_fence_counter("redlease:", &key), "{key}");
+            }
+        }
+        assert!(is_fence_counter("", "{fence:12}:floor"));
+        for not in [
+            "redlease:fence:12",
+            "{redlease:fence:}",
+            "{redlease:fence:1x}",
+            "{redlease:deploy}:q",
+            "{other:fence:1}",
+        ] {
+            assert!(!is_fence_counter("redlease:", not), "{not}");
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::engine::acquire::{Acquire, Busy, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
+use crate::engine::metrics::Primitive;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::options::LeaseOptions;
@@ -193,7 +194,7 @@ impl LegacyLock {
         let lease = LeaseOptions::new()
             .ttl(options.timeout)
             .auto_renew(options.auto_renew);
-        let mut base = LockBase::new(ctx, name, &keys.key, lease)?;
+        let mut base = LockBase::new(ctx, Primitive::Legacy, name, &keys.key, lease)?;
         base.whole_seconds = options.unit == TimestampUnit::Seconds;
         Ok(LegacyLock {
             shared: Arc::new(LegacyShared {

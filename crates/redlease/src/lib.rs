@@ -12,6 +12,10 @@
 //! - [`RwLock`]: many readers or one writer, writer-preferring; every share its own lease.
 //! - [`Semaphore`] / [`Permit`]: N permits per name, each acquisition a lease that comes
 //!   back when its holder stops renewing it.
+//! - [`MultiLock`] / [`MultiLockGuard`]: several names held as one, taken all or none —
+//!   each name exactly the plain [`Mutex`] of that name, with its own fencing token —
+//!   without ever holding one name while waiting for another, so takers of overlapping
+//!   sets cannot deadlock; across the masters of a Redis Cluster too.
 //! - [`Election`] / [`Leadership`]: leader election — one leader among candidates,
 //!   for a term that is a fencing token; the value it publishes ([`Leader`]), and a
 //!   stream of changes ([`Observer`], [`LeaderEvent`]).
@@ -26,9 +30,14 @@
 //!   assumes bounded clock drift, and gives no fencing token (see [`Redlock`] for why).
 //! - [`TlsOptions`]: `rediss://` with a custom CA and client certificates (rustls).
 //! - [`acl_rules`]: the least-privilege ACL rules of a Redis user for redlease.
+//! - [`Client::list`] / [`LockInfo`]: every held lock under the prefix, of every kind,
+//!   found with `SCAN` and never showing a token.
 //! - [`Error`]: one error type; messages name the lock.
 //! - [`ReplicaAck`] / [`OnShortfall`]: an opt-in per-lock durability policy (`WAIT`
 //!   for replicas after acquire and extend).
+//!
+//! - [`describe_metrics`]: metrics of acquisitions, waits, hold times, renewals, lost
+//!   leases, hand-overs and retries, through the `metrics` facade.
 //!
 //! - [`Guard`]: what every guard shows — name, fencing token, lease, `lost()`,
 //!   `extend`, `release` — for code that holds any kind of lock.
@@ -37,11 +46,12 @@
 //!
 //! Inside, the layers are the folders; each imports only from those below it:
 //!
-//! - the public face: `client` (the [`Client`]), `options`, `error`, and the
+//! - the public face: `client` (the [`Client`]), `list` (what every primitive's keys
+//!   look like, for [`Client::list`]), `options`, `error`, and the
 //!   vocabulary every layer shares (`token`, `keys`);
 //! - the primitives — `mutex` (with its local queue), `fair`, `rwlock`, `semaphore`,
-//!   `legacy`, `redlock`, `election`: only what is specific to each, its keys,
-//!   scripts, reply shapes and waiting policy;
+//!   `legacy`, `redlock`, `election`, `multi`: only what is specific to each, its
+//!   keys, scripts, reply shapes and waiting policy;
 //! - `engine/`: the lease engine — leases and their ordering, the renewal task,
 //!   wake-ups, the acquire loop, requests with retries and deadlines, and the one
 //!   guard core every guard is built on;
@@ -93,8 +103,8 @@
 //! # Topologies
 //!
 //! - **One Redis**: [`Client::connect`] / [`Client::builder`].
-//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with seed
-//!   URLs. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
+//! - **Redis Cluster**: [`Client::cluster`] / [`Client::cluster_builder`] with the
+//!   URLs of some of its nodes. The plain-mutex key stays exactly `<prefix><name>`; every auxiliary key and
 //!   the wake-up channel share its hash slot, so each operation runs on the one node
 //!   that owns the lock. Releases publish with `SPUBLISH` and waiters `SSUBSCRIBE` on
 //!   that node only (no cluster-wide broadcast). `MOVED`/`ASK` are followed and a
@@ -123,18 +133,27 @@
 
 #![warn(missing_docs)]
 
+/// The redis-rs crate redlease is built on, re-exported: its types appear in redlease's
+/// API ([`Client::builder`] takes a [`redis::Client`], [`Error::Redis`] carries a
+/// [`redis::RedisError`], [`Client::connection`] is a [`redis::aio::ConnectionLike`]),
+/// and `redlease::redis` is always the version that fits. Depend on `redis` yourself
+/// only for features redlease does not enable, with a version compatible with this one.
+pub use redis;
+
 // The public face, and the vocabulary every layer shares.
 mod acl;
 mod client;
 mod error;
 mod keys;
+mod list;
 mod options;
 mod token;
 
 pub use acl::acl_rules;
-pub use client::{Client, ClientBuilder, ClientStats};
-pub use error::{Error, Result};
+pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
+pub use error::{CertificateProblem, Error, Result};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use list::{LockInfo, LockKind};
 pub use options::{
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_RETENTION, DEFAULT_RETRY_WINDOW, DEFAULT_TTL,
     LeaseOptions, OnShortfall, ReplicaAck,
@@ -145,6 +164,7 @@ pub use token::{FencingToken, Token};
 mod election;
 mod fair;
 mod legacy;
+mod multi;
 mod mutex;
 pub mod optimistic;
 mod redlock;
@@ -154,6 +174,7 @@ mod semaphore;
 pub use election::{Election, Leader, LeaderEvent, Leadership, MAX_LEADER_VALUE_LEN, Observer};
 pub use fair::{FairMutex, FairMutexGuard, FairMutexStatus};
 pub use legacy::{DEFAULT_LEGACY_POLL, LegacyGuard, LegacyLock, LegacyOptions, TimestampUnit};
+pub use multi::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard, MutexStatus};
 pub use redlock::{DEFAULT_NODE_TIMEOUT, Redlock, RedlockGuard, RedlockMutex};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockStatus, RwLockWriteGuard};
@@ -162,7 +183,7 @@ pub use semaphore::{MAX_PERMITS, MAX_PERMITS_PER_ACQUIRE, Permit, Semaphore, Sem
 // The lease engine.
 mod engine;
 
-pub use engine::{Guard, Lease, LostReason};
+pub use engine::{Guard, Lease, LostReason, describe_metrics};
 
 // Scripts and transport.
 mod script;

@@ -8,6 +8,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::{Heartbeat, WaiterTtl};
+use crate::engine::metrics::Primitive;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -118,7 +119,7 @@ pub struct RwLockStatus {
 impl RwLock {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::RwLock, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(RwLock {

@@ -9,6 +9,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
+use crate::engine::metrics::Primitive;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
@@ -119,7 +120,7 @@ pub struct SemaphoreStatus {
 impl Semaphore {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, limit: u32, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::Semaphore, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         if limit == 0 || limit > MAX_PERMITS {
             return Err(Error::InvalidArgument {

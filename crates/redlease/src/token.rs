@@ -116,8 +116,8 @@ const MAX_LABEL: usize = 128;
 /// lost without its holder noticing (a long GC pause, a slow network) into a refused
 /// write instead of a corrupted one.
 ///
-/// Tokens come from a counter per key prefix (per hash slot on a Redis Cluster) that is
-/// seeded from Redis's clock in microseconds, never below a floor kept for a day: they
+/// Tokens come from a counter per key prefix (per hash slot on a Redis Cluster) that
+/// starts from Redis's clock in microseconds, never below a floor kept for a day: they
 /// keep rising when the counter expires or is deleted, when Redis's clock steps back
 /// (within that day), and across a failover that takes longer than 200 ms. The mutex,
 /// the fair mutex and the read-write lock's writer of one name share the sequence. They

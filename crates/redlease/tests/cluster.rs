@@ -214,7 +214,9 @@ async fn no_lost_update_on_three_masters_with_sharded_wakeups() {
                         .query_async(&mut conn)
                         .await
                         .unwrap();
-                    tokio::task::yield_now().await;
+                    // Held a while, so that the other client's waiter is seen subscribed
+                    // (a hand-over without a hold is over between two samples).
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     let _: () = redis::cmd("SET")
                         .arg(&counter)
                         .arg(v.unwrap_or(0) + 1)
@@ -609,4 +611,42 @@ async fn renewal_is_one_round_trip_per_master_per_tick() {
     for g in guards {
         g.release().await.unwrap();
     }
+}
+
+/// `list` scans every master: locks of several kinds on each of three masters are all
+/// listed, the per-slot fencing counters are not, and the kinds read right on each node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_the_locks_on_every_master() {
+    let cluster = cluster(3, 0);
+    let client = cluster_client(&cluster).await;
+    let mut guards = Vec::new();
+    let mut readers = Vec::new();
+    let mut leaders = Vec::new();
+    let mut want = Vec::new();
+    for master in 0..3 {
+        let mutex = name_on(&cluster, master, "m");
+        guards.push(client.mutex(&mutex).unwrap().lock().await.unwrap());
+        want.push((mutex, redlease::LockKind::Mutex));
+        let table = name_on(&cluster, master, "r");
+        readers.push(client.rwlock(&table).unwrap().read().await.unwrap());
+        want.push((table, redlease::LockKind::RwLock));
+        let election = name_on(&cluster, master, "e");
+        leaders.push(client.election(&election).unwrap().campaign("v").await.unwrap());
+        want.push((election, redlease::LockKind::Election));
+    }
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    let list = client.list("*").await.unwrap();
+    let got: Vec<(String, redlease::LockKind)> = list.iter().map(|l| (l.name.clone(), l.kind)).collect();
+    assert_eq!(got, want, "{list:#?}");
+    assert_eq!(client.list("m-*").await.unwrap().len(), 3);
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    for r in readers {
+        r.release().await.unwrap();
+    }
+    for l in leaders {
+        l.resign().await.unwrap();
+    }
+    assert!(client.list("*").await.unwrap().is_empty());
 }

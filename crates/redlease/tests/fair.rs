@@ -674,7 +674,7 @@ async fn a_cancelled_acquire_leaves_nothing_at_any_point() {
     let _ = &mut conn;
 }
 
-/// Seed 002 for the fair mutex: the acquire lands, its reply is held past the client's
+/// A lost reply under retry, for the fair mutex: the acquire lands, its reply is held past the client's
 /// timeout, and the retry must report the lock it already took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_acquire_reports_the_lock_it_already_took() {

@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlease::{LeaseOptions, LostReason};
 
-/// Seed 002: the SET lands, its reply is late, the client times out and retries. The
+/// A lost reply under retry: the SET lands, its reply is late, the client times out and retries. The
 /// retry must see its own token and report success — never "failed" while holding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_then_retry_reports_the_lock_we_hold() {
     let server = server();
     let proxy = Proxy::start(server.addr()).await.unwrap();
     let client = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(3)).await;
-    let mutex = client.mutex("seed-002").unwrap();
+    let mutex = client.mutex("lost-reply").unwrap();
     let mut conn = raw(&server).await;
 
     proxy.hold_replies();
@@ -26,7 +26,7 @@ async fn lost_reply_then_retry_reports_the_lock_we_hold() {
     // The SET reaches Redis even though its reply does not reach the client.
     eventually(2.0, "the lock key is written", || {
         let mut conn = conn.clone();
-        async move { exists(&mut conn, "redlease:seed-002").await }
+        async move { exists(&mut conn, "redlease:lost-reply").await }
     })
     .await;
     tokio::time::sleep(Duration::from_millis(350)).await; // past the 200 ms reply timeout
@@ -36,7 +36,7 @@ async fn lost_reply_then_retry_reports_the_lock_we_hold() {
         .unwrap()
         .expect("the retry finds our own token");
     assert_eq!(
-        get(&mut conn, "redlease:seed-002").await.as_deref(),
+        get(&mut conn, "redlease:lost-reply").await.as_deref(),
         Some(guard.token().expose())
     );
     let fence = guard.fence();
@@ -47,7 +47,7 @@ async fn lost_reply_then_retry_reports_the_lock_we_hold() {
         "the retry reports the fence it was given",
     );
     guard.release().await.unwrap();
-    assert!(!exists(&mut conn, "redlease:seed-002").await);
+    assert!(!exists(&mut conn, "redlease:lost-reply").await);
 }
 
 /// The reply never comes back within the retry window: the caller gets an error, and
@@ -154,11 +154,17 @@ async fn a_paused_server_makes_the_lease_expire_on_the_client_first() {
     server.resume();
     assert_eq!(reason, LostReason::Expired);
     assert!(!guard.is_held());
-    // It fired no later than the lease could have ended on the server.
+    // The holder stopped believing in its lease before the lease could have ended on the
+    // server (is_held() turns false at valid_until), and was told promptly after: the
+    // margin only absorbs this process being scheduled late on a busy machine.
     assert!(
-        fired.duration_since(paused) <= ttl + Duration::from_millis(100),
-        "{:?}",
-        fired - paused
+        valid_until <= paused + ttl,
+        "valid_until past the server's expiry"
+    );
+    assert!(
+        fired <= valid_until + Duration::from_millis(500),
+        "lost() fired {:?} after valid_until",
+        fired - valid_until
     );
     assert!(
         fired + Duration::from_millis(50) >= valid_until,
@@ -254,7 +260,7 @@ async fn wrongtype_at_the_key_is_a_clear_error_and_changes_nothing() {
         "nothing else was written"
     );
 
-    // A garbled floor of the right type is replaced: the fence is seeded from TIME.
+    // A garbled floor of the right type is replaced: the fence starts again from TIME.
     let _: () = redis::cmd("DEL")
         .arg(&counter)
         .query_async(&mut conn)

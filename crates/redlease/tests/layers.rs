@@ -3,8 +3,8 @@
 //! that `lib.rs` describes:
 //!
 //! ```text
-//! public face   client, acl                      (and lib.rs)
-//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, optimistic/,
+//! public face   client, acl, list                (and lib.rs)
+//! primitives    mutex/, fair, rwlock, semaphore, legacy, redlock/, multi/, optimistic/,
 //!               election/
 //! engine/       the lease engine
 //! script/       scripts, running them, reading replies
@@ -26,10 +26,11 @@ const PRIMITIVES: &[&str] = &[
     "semaphore",
     "legacy",
     "redlock",
+    "multi",
     "optimistic",
     "election",
 ];
-const FACE: &[&str] = &["client", "acl", "lib"];
+const FACE: &[&str] = &["client", "acl", "list", "lib"];
 
 /// The layer of a module path (`engine::guard`): higher layers may use lower ones.
 fn layer(module: &str) -> u8 {

@@ -1,5 +1,5 @@
 //! The legacy timestamp lock against a real redis-server, beside old-style clients that
-//! follow the seed algorithm (SETNX, GET, GETSET, DEL) to the letter.
+//! follow the locking pattern of the Redis SETNX page (SETNX, GET, GETSET, DEL) to the letter.
 
 mod common;
 
@@ -49,7 +49,7 @@ async fn leave_stale_lock(conn: &mut MultiplexedConnection) {
         .unwrap();
 }
 
-/// An unmodified old client: the algorithm of the SETNX page (seeds 000 and 004),
+/// An unmodified old client: the algorithm of the Redis SETNX page,
 /// command for command, with its own clock in Unix seconds.
 struct OldClient {
     conn: MultiplexedConnection,
@@ -145,7 +145,7 @@ impl OldClient {
         }
     }
 
-    /// `DEL lock.foo`, after checking that our timeout did not expire (the seed's advice).
+    /// `DEL lock.foo`, after checking that our timeout did not expire (the SETNX page's advice).
     async fn unlock(&mut self, value: u64) {
         if unix_now() < value {
             let _: i64 = redis::cmd("DEL")
@@ -274,7 +274,7 @@ async fn an_old_client_and_redlease_racing_for_a_stale_lock_exactly_one_wins() {
 
     // Forced interleaving 1: the old client GETs the stale value, redlease's script runs,
     // then the old client's GETSET: it gets redlease's live timestamp back and loses —
-    // but leaves its own timestamp in the key, as the seed says it may.
+    // but leaves its own timestamp in the key, as the SETNX page says it may.
     leave_stale_lock(&mut conn).await;
     assert!(old.setnx().await.is_none());
     assert!(

@@ -719,7 +719,7 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
     let other = client(&url).await;
     // A short lease, so that a hand-over's claim window is short too.
     let opts = LeaseOptions::default().ttl(Duration::from_millis(300));
-    for round in 0..6 {
+    for round in 0..8 {
         let name = format!("stale-grant-{round}");
         let first = holder.mutex_with(&name, opts).unwrap().lock().await.unwrap();
         // The waiter: its own client on its own single thread, which the test stalls.
@@ -787,6 +787,22 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         )
         .await;
         assert!(exists(&mut conn, &key).await);
+        if round % 2 == 1 {
+            // As if another client's pipelined INCR had just found the fencing counter
+            // expired: it reads 1 until a script seeds it. The waiter's next attempt
+            // must not take that for the fencing mark.
+            let _: () = redis::cmd("DEL")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let one: i64 = redis::cmd("INCR")
+                .arg("{redlease:fence}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(one, 1);
+        }
         assert_eq!(from_waiter.recv_timeout(Duration::from_secs(10)), Ok("running"));
         // Give the waiter time to act on what it found when it woke up.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -805,6 +821,59 @@ async fn a_hand_over_that_went_stale_during_a_stall_is_not_taken() {
         to_waiter.send(None).unwrap();
         thread.join().unwrap();
     }
+}
+
+/// The application's own commands go over the client's connection: single commands,
+/// pipelines and MULTI/EXEC transactions, beside a held lock that keeps renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_connection_serves_the_applications_commands() {
+    use redlease::redis::{self, AsyncCommands};
+
+    let server = server();
+    let client = redlease::Client::builder(redlease::redis::Client::open(server.url()).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let guard = client
+        .mutex_with(
+            "app",
+            redlease::LeaseOptions::new().ttl(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let mut conn = client.connection();
+    let _: () = conn.set("app:counter", 41).await.unwrap();
+    let n: i64 = conn.incr("app:counter", 1).await.unwrap();
+    assert_eq!(n, 42);
+    let (a, b): (i64, Option<String>) = redis::pipe()
+        .get("app:counter")
+        .get("app:missing")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((a, b), (42, None));
+    let (x, y): (i64, i64) = redis::pipe()
+        .atomic()
+        .incr("app:counter", 1)
+        .incr("app:counter", 1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((x, y), (43, 44));
+    // A server error comes back as an error, and the connection goes on.
+    let err = redis::cmd("NOSUCHCOMMAND")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("unknown command"), "{err}");
+    assert_eq!(redis::aio::ConnectionLike::get_db(&conn), 0);
+    // The lease was renewed meanwhile (300 ms TTL, renewed every 100 ms).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(guard.is_held());
+    let _: i64 = conn.get("app:counter").await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A waiter behind a holder that is not redlease — another library's `SET NX PX` lock,

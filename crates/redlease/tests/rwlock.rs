@@ -416,7 +416,7 @@ async fn cancelled_acquires_leave_nothing_and_free_the_readers() {
     let _ = &mut conn;
 }
 
-/// Seed 002 for both sides: the request lands, the reply is held past the client's
+/// A lost reply under retry, for both sides: the request lands, the reply is held past the client's
 /// timeout, and the retry reports what it already holds — exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_acquires_report_what_they_already_took() {

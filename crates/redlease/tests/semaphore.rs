@@ -506,7 +506,7 @@ async fn cancelled_or_dropped_acquisitions_leave_nothing() {
     let _ = &mut conn;
 }
 
-/// Seed 002 for permits: the acquire lands, its reply is held past the client's
+/// A lost reply under retry, for permits: the acquire lands, its reply is held past the client's
 /// timeout; the retry must report the permits it holds, and hold them only once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_acquire_reports_the_permits_it_already_took() {

@@ -1,4 +1,4 @@
-//! The legacy timestamp lock of seeds 000 and 004 (`SETNX lock.foo <now + timeout +
+//! The legacy timestamp lock of the Redis SETNX page (`SETNX lock.foo <now + timeout +
 //! 1>`, a stale lock taken over with `GET` + `GETSET`, release by `DEL`), in
 //! milliseconds so that it works with the run's 1 s TTL.
 //!
@@ -7,7 +7,7 @@
 //!   token (the protocol's key holds only a timestamp), so it is informative under the
 //!   faults that let a holder outlive its lease, like `redlease-nofence`; under the
 //!   others, and under `clock`, it must keep the counter exact.
-//! - `naive-legacy`: the seed's old client, command for command, with *its own* clock
+//! - `naive-legacy`: the old SETNX client, command for command, with *its own* clock
 //!   (the worker's wall clock, which the `clock` fault skews): no renewal, no token.
 //!
 //! The `clock` fault skews the wall clock of one worker process at a time. The old
@@ -207,7 +207,7 @@ struct OldLock {
 impl NaiveHeld for OldLock {
     fn release(self: Box<Self>) -> BoxFuture<'static, ReleaseOutcome> {
         Box::pin(async move {
-            // The seed's advice: DEL only if my timeout has not expired (by my clock).
+            // The SETNX page's advice: DEL only if my timeout has not expired (by my clock).
             if wall_ms() >= self.mine {
                 return ReleaseOutcome::NotHeld;
             }

@@ -6,6 +6,10 @@
 //! baseline its own [`NaiveHeld`]. The harness does the rest: clients in tasks
 //! and processes, the resource, faults and the checker.
 //!
+//! A lock over several names ([`Held::several`]) holds several of the environment's
+//! locks at once, each with its own fencing token: its holder read-increment-writes
+//! the counter of each, each with that name's token.
+//!
 //! A holder either read-increment-writes the counter with its fencing token
 //! ([`Role::Writer`]: mutexes, a read-write lock's writers) or only marks where its
 //! critical section begins and ends ([`Role::Occupant`]: readers, permit holders, which
@@ -26,6 +30,7 @@ mod naive_get_del;
 mod naive_setnx_expire;
 mod redlease_election;
 mod redlease_fair;
+mod redlease_multi;
 mod redlease_mutex;
 mod redlease_redlock;
 mod redlease_rwlock;
@@ -48,6 +53,7 @@ pub fn all() -> Vec<Arc<dyn Algorithm>> {
         Arc::new(redlease_rwlock::RedleaseRwLock),
         Arc::new(redlease_semaphore::RedleaseSemaphore),
         Arc::new(redlease_redlock::RedleaseRedlock),
+        Arc::new(redlease_multi::RedleaseMulti),
         Arc::new(legacy::RedleaseLegacy),
         Arc::new(naive_setnx_expire::NaiveSetnxExpire::default()),
         Arc::new(naive_get_del::NaiveGetDel),
@@ -137,6 +143,12 @@ pub trait Algorithm: Send + Sync {
         1
     }
 
+    /// The fewest locks (names, each with its own counter) it needs: a lock over
+    /// several names needs several, whatever the phase.
+    fn min_locks(&self) -> usize {
+        1
+    }
+
     /// Whether runs under `fault` apply to it (default: every fault but `clock`, which
     /// only old-style clients feel, `cluster`, which needs Redis Cluster support, and
     /// `extend`, which needs a redlease guard).
@@ -191,6 +203,12 @@ pub enum Held {
     },
     /// A naive baseline's lock.
     Naive(Box<dyn NaiveHeld>),
+    /// A redlease guard over several of the environment's locks (indices into its
+    /// names), each with its own fencing token; its holder writes every one of them.
+    Several {
+        guard: Box<dyn redlease::Guard>,
+        locks: Vec<(usize, u64)>,
+    },
 }
 
 impl Held {
@@ -207,11 +225,29 @@ impl Held {
         Held::Naive(Box::new(held))
     }
 
+    /// A redlease guard holding several locks: `(lock index, fencing token)` each.
+    pub fn several(guard: impl redlease::Guard + 'static, locks: Vec<(usize, u64)>) -> Held {
+        Held::Several {
+            guard: Box::new(guard),
+            locks,
+        }
+    }
+
+    /// The locks held, with the fencing token handed to each one's resource counter:
+    /// `lock` (the one the client asked for) with [`fence`](Held::fence), or each lock
+    /// of a guard over several.
+    pub fn parts(&self, lock: usize) -> Vec<(usize, u64)> {
+        match self {
+            Held::Several { locks, .. } => locks.clone(),
+            _ => vec![(lock, self.fence())],
+        }
+    }
+
     /// What the holder does in its critical section (a baseline's holder writes).
     pub fn role(&self) -> Role {
         match self {
             Held::Guard { role, .. } => *role,
-            Held::Naive(_) => Role::Writer,
+            Held::Naive(_) | Held::Several { .. } => Role::Writer,
         }
     }
 
@@ -219,7 +255,7 @@ impl Held {
     pub fn fence(&self) -> u64 {
         match self {
             Held::Guard { guard, .. } => guard.fence().map_or(0, u64::from),
-            Held::Naive(_) => 0,
+            Held::Naive(_) | Held::Several { .. } => 0,
         }
     }
 
@@ -231,7 +267,7 @@ impl Held {
     /// The redlease guard, if this is one.
     pub fn redlease(&self) -> Option<&dyn redlease::Guard> {
         match self {
-            Held::Guard { guard, .. } => Some(&**guard),
+            Held::Guard { guard, .. } | Held::Several { guard, .. } => Some(&**guard),
             Held::Naive(_) => None,
         }
     }
@@ -239,7 +275,7 @@ impl Held {
     /// Releases the lock.
     pub async fn release(self) -> ReleaseOutcome {
         match self {
-            Held::Guard { guard, .. } => release_outcome(guard.release().await),
+            Held::Guard { guard, .. } | Held::Several { guard, .. } => release_outcome(guard.release().await),
             Held::Naive(held) => held.release().await,
         }
     }

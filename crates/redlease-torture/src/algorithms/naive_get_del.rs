@@ -1,8 +1,8 @@
-//! `naive-get-del`: the "fixed" version of seeds 002/003 that is still broken.
+//! `naive-get-del`: the "fixed" version (unique value, `GET` then `DEL`) that is still broken.
 //!
 //! `SET key <random> NX PX ttl` through a client that retries a request whose reply
 //! timed out, taking a nil reply to the retry as "not acquired" — although the first
-//! `SET` may have landed (seed 002: the caller thinks it failed while the lock is its
+//! `SET` may have landed (a lost reply under retry: the caller thinks it failed while the lock is its
 //! own). Release reads the key and deletes it if it still holds our value, in two
 //! commands without a script: between them the lease can run out and the next holder's
 //! lock be deleted. No renewal, no fencing.

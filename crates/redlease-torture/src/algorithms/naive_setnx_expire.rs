@@ -1,4 +1,4 @@
-//! `naive-setnx-expire`: seed 003's first version, as found in countless code bases.
+//! `naive-setnx-expire`: `SETNX` then `EXPIRE`, as found in countless code bases.
 //!
 //! ```text
 //! if setnx(key, 1) == 1 { expire(key, 30); do something; del(key) }
@@ -9,7 +9,7 @@
 //! expires; `DEL` deletes whoever holds the lock by then; and there is no renewal and
 //! no fencing, so a holder that stalls past the TTL writes next to the next holder.
 //!
-//! The value is unique per acquisition (the seed uses `1`) only so that the harness can
+//! The value is unique per acquisition (the textbook version stores `1`) only so that the harness can
 //! recognise a lock that stays immortal and break it, as an operator would; the
 //! algorithm itself never reads it.
 

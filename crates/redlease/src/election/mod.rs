@@ -16,6 +16,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::lease::LostReason;
+use crate::engine::metrics::Primitive;
 #[allow(unused_imports)] // `Error` is named by the docs' links
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -145,7 +146,7 @@ pub struct Leader {
 impl Election {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::Election, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let leader = base.key.clone();
         let history: Arc<str> = keys.aux("history").into();

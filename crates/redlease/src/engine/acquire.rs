@@ -12,6 +12,7 @@ use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
 use super::lease::drift;
+use super::metrics::{self, AcquireCall, Handover, Primitive};
 use super::notify::{GrantSlot, Subscription, WakeDebt};
 use super::request::Acked;
 use crate::error::{Error, Result};
@@ -54,6 +55,8 @@ const POLL_MAX: Duration = Duration::from_millis(100);
 /// How an acquire waits.
 pub(crate) struct Waiting<'a> {
     pub ctx: &'a Context,
+    /// The kind of lock, for the metrics.
+    pub primitive: Primitive,
     pub name: &'a str,
     pub channel: &'a str,
     pub wait: Wait,
@@ -168,6 +171,7 @@ where
             _ = s.woken() => true,
             details = granted => {
                 if let Some(value) = on_grant(details).await? {
+                    metrics::handed_over(spec.primitive, Handover::Grant);
                     tracing::debug!(lock = %spec.name, waited = ?started.elapsed(), "handed the lock by a release");
                     return Ok(value);
                 }
@@ -237,8 +241,12 @@ pub(crate) struct Acquire<'a> {
 /// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
 /// trip of its own — from no later than its last attempt that found the lock busy
 /// (the release came after it), for the claim window — and the renewal task extends it
-/// to the full lease once a third of that window has passed. A waiter that died after
-/// registering holds up the lock for at most the claim window.
+/// to the full lease once a third of that window has passed. A grant it cannot rely on
+/// that way (made before its last busy attempt, or with too little of the claim left,
+/// or any grant under a replica policy, which must be acknowledged like an acquire)
+/// makes it try again at once: the acquire script then finds the lock ours, with a fresh
+/// fencing token, or busy. A waiter that died after registering holds up the lock for at
+/// most the claim window.
 pub(crate) struct Granted<'a> {
     /// The waiter's public id.
     pub id: &'a str,
@@ -315,13 +323,26 @@ impl Reply {
 
 impl LockBase {
     /// Acquires through Redis as `spec` says, reading each reply with `parse` (given the
-    /// reply and when its request was sent), and starts the lease.
+    /// reply and when its request was sent), and starts the lease. The call is counted
+    /// in the metrics, with its outcome and, when it acquired, how long it took.
     ///
     /// Waits for replicas after the acquire under the lock's policy: on a shortfall
     /// under [`OnShortfall::Release`](crate::OnShortfall::Release) the lock is released
     /// again and the call fails with [`Error::NotReplicated`] (it does not wait for
     /// replicas to come back).
     pub async fn acquire(
+        &self,
+        spec: Acquire<'_>,
+        parse: impl Fn(&Value, Instant) -> Result<Reply>,
+    ) -> Result<GuardCore> {
+        let call = AcquireCall::start(self.primitive);
+        call.finish(self.acquire_step(spec, parse).await)
+    }
+
+    /// As [`acquire`](LockBase::acquire), without counting the call: for a primitive
+    /// whose acquire call does more than this (the plain mutex: its local queue and its
+    /// scriptless fast path), and counts the whole call itself.
+    pub async fn acquire_step(
         &self,
         spec: Acquire<'_>,
         parse: impl Fn(&Value, Instant) -> Result<Reply>,
@@ -343,6 +364,7 @@ impl LockBase {
         let ack = self.options.replica_ack.as_ref();
         let waiting = Waiting {
             ctx: &self.ctx,
+            primitive: self.primitive,
             name: &self.name,
             channel,
             wait,
@@ -353,10 +375,8 @@ impl LockBase {
         // saw: a grant with a higher fence was made after that attempt ran.
         let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
         let registered = std::sync::atomic::AtomicBool::new(false);
-        let (claim_ref, parse_ref, last_busy_ref, renew_ref, registered_ref) =
-            (&claim, &parse, &last_busy, &renew, &registered);
+        let (claim_ref, parse_ref, last_busy_ref, registered_ref) = (&claim, &parse, &last_busy, &registered);
         let ttl = self.options.ttl;
-        let deadline = wait.deadline();
         let claim_window = grant.as_ref().map(|g| g.claim);
         let (fence, remaining, sent, acked) = acquire_loop(
             Waiting {
@@ -405,8 +425,8 @@ impl LockBase {
                 // ours from no later than when that attempt was sent. A grant made before
                 // it is stale — the lock was ours then but no longer when the attempt ran
                 // (its claim ran out while this client stalled, and another took it).
-                // Under a replica policy the hand-over must be waited for like an acquire:
-                // always confirmed, with the replicas' acknowledgement.
+                // Under a replica policy the hand-over must be acknowledged like an acquire:
+                // the attempt below is (it waits for the replicas).
                 if let Some((busy, Some(mark))) = busy
                     && ack.is_none()
                     && fence > mark
@@ -414,19 +434,12 @@ impl LockBase {
                 {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
-                // Not known to be current, or waited too long to rely on the claim window:
-                // confirm by extending (which fails unless the lock is ours now).
-                let ttl_ms = ttl.as_millis() as u64;
-                let Acked { reply, sent, acked } = op
-                    .eval_acked(
-                        renew_ref.script,
-                        &renew_ref.cmd_with_ttl(ttl_ms),
-                        ack,
-                        deadline,
-                        None,
-                    )
-                    .await?;
-                Ok((int(&reply) == Some(1)).then_some((Some(fence), ttl, sent, acked)))
+                // Not known to be current, waited too long to rely on the claim window, or
+                // waiting for replicas: try again at once. If the lock is ours (this grant, or a later one made
+                // to our registration meanwhile) the acquire script says so with a fresh
+                // fencing token — never this grant's, which may be older than another
+                // holder's that came in between (a stale grant, then a new one).
+                Ok(None)
             },
         )
         .await?;

@@ -15,6 +15,8 @@ use crate::transport::{Batching, CommandConnection, Topology};
 #[derive(Debug)]
 pub(crate) struct Context {
     pub conn: Arc<dyn CommandConnection>,
+    /// How a batch of commands travels over `conn` (one pipeline, or one per node).
+    pub batching: Batching,
     pub notifier: Notifier,
     pub renewer: Renewer,
     /// Per-lock state a primitive keeps for this client (the plain mutex's local
@@ -67,8 +69,9 @@ impl Context {
             topology,
         } = settings;
         Arc::new(Context {
-            renewer: Renewer::spawn(conn.clone(), batching),
+            renewer: Renewer::spawn(conn.clone(), batching.clone()),
             conn,
+            batching,
             notifier,
             locals: Locals::default(),
             fence_keys: FenceKeys::new(&prefix, topology.is_cluster()),

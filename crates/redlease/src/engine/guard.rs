@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::deadline::Deadline;
 use super::lease::{Lease, LeaseState, LostReason, Renew};
+use super::metrics::Primitive;
 use super::request::{Acked, Claim, Op, spawn_release};
 use crate::error::{Error, Result};
 use crate::keys;
@@ -57,7 +58,9 @@ pub trait Guard: Send + Sync + std::fmt::Debug {
     fn key(&self) -> &str;
 
     /// The fencing token of this acquisition, for the kinds of lock that issue one
-    /// (the plain and fair mutex, a read-write lock's writer); `None` for the others.
+    /// (the plain and fair mutex, a read-write lock's writer); `None` for the others,
+    /// and for a lock over several names, which has one per name
+    /// ([`MultiLockGuard::fences`](crate::MultiLockGuard::fences)).
     fn fence(&self) -> Option<FencingToken>;
 
     /// The lease; clone it to watch for loss from another task.
@@ -98,12 +101,21 @@ pub(crate) struct LockBase {
     pub options: LeaseOptions,
     /// Lease lengths must be whole seconds (a legacy lock in seconds).
     pub whole_seconds: bool,
+    /// The kind of lock, as the metrics label it.
+    pub primitive: Primitive,
 }
 
 impl LockBase {
-    /// The base of lock `name` at `key`, after checking `options` (the lease length,
-    /// and the replica policy against the lease and the connection's reply timeout).
-    pub fn new(ctx: Arc<Context>, name: &str, key: &str, options: LeaseOptions) -> Result<Self> {
+    /// The base of a `primitive`'s lock `name` at `key`, after checking `options` (the
+    /// lease length, and the replica policy against the lease and the connection's
+    /// reply timeout).
+    pub fn new(
+        ctx: Arc<Context>,
+        primitive: Primitive,
+        name: &str,
+        key: &str,
+        options: LeaseOptions,
+    ) -> Result<Self> {
         keys::ttl_ms(name, options.ttl)?;
         if let Some(policy) = &options.replica_ack {
             policy.validate(name, options.ttl, ctx.topology.response_timeout)?;
@@ -114,6 +126,7 @@ impl LockBase {
             key: key.into(),
             options,
             whole_seconds: false,
+            primitive,
         })
     }
 
@@ -159,6 +172,7 @@ impl LockBase {
             remaining,
             Renew::Script(renew.clone()),
             self.options.auto_renew,
+            Some(self.primitive),
         );
         // Renewed, or watched for running out.
         self.ctx.renewer.schedule(&state);

@@ -53,6 +53,8 @@ impl Heartbeat {
             self.ttl,
             Renew::Script(self.renew.clone()),
             true,
+            // A waiter's entry is no holding: not in the metrics.
+            None,
         );
         self.ctx.renewer.schedule(&state);
         *lease = Some(state);

@@ -33,6 +33,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::deadline::later;
+use super::metrics::{self, Lost, Primitive};
 use crate::script::ScriptCall;
 
 /// Why a lease ended.
@@ -127,6 +128,11 @@ pub(crate) struct LeaseState {
     replicas_acked: AtomicU32,
     /// Called once when the lease is lost (ends for any reason but `Released`).
     on_lost: std::sync::Mutex<Option<LostHook>>,
+    /// The kind of lock held, for the metrics; `None` for what is no holding (a
+    /// waiter's entry).
+    primitive: Option<Primitive>,
+    /// When the holding began.
+    since: Instant,
 }
 
 /// What a lease calls when it is lost.
@@ -142,7 +148,8 @@ const NO_ACK: u32 = u32::MAX;
 
 impl LeaseState {
     /// A lease of `ttl` confirmed by a request sent at `sent` whose reply said it has
-    /// `remaining` (at most `ttl`) left on the server.
+    /// `remaining` (at most `ttl`) left on the server; a holding of a `primitive`, whose
+    /// end the metrics count, or not.
     pub fn new(
         name: Arc<str>,
         sent: Instant,
@@ -150,6 +157,7 @@ impl LeaseState {
         remaining: Duration,
         renew: Renew,
         auto_renew: bool,
+        primitive: Option<Primitive>,
     ) -> Arc<Self> {
         let remaining = remaining.min(ttl);
         // A lease with less than its full TTL left (a retried acquire, a lock handed over
@@ -173,6 +181,8 @@ impl LeaseState {
             auto_renew,
             replicas_acked: AtomicU32::new(NO_ACK),
             on_lost: std::sync::Mutex::new(None),
+            primitive,
+            since: Instant::now(),
         })
     }
 
@@ -202,6 +212,7 @@ impl LeaseState {
     /// What follows the end of the lease: waking `lost()`, dropping the renewal
     /// schedule, a log line.
     fn ended_now(&self, reason: LostReason) {
+        self.measure_end(reason);
         self.changed.notify_waiters();
         self.bump_epoch();
         match reason {
@@ -213,6 +224,19 @@ impl LeaseState {
                     hook();
                 }
             }
+        }
+    }
+
+    /// Records the end of the holding in the metrics: called once, by whoever ended
+    /// the lease.
+    fn measure_end(&self, reason: LostReason) {
+        if let Some(primitive) = self.primitive {
+            let lost = match reason {
+                LostReason::Gone => Some(Lost::Gone),
+                LostReason::Expired => Some(Lost::Expired),
+                LostReason::Released => None,
+            };
+            metrics::hold_ended(primitive, self.since, lost);
         }
     }
 
@@ -342,6 +366,7 @@ impl LeaseState {
         };
         match held {
             (true, _) => {
+                self.measure_end(LostReason::Released);
                 self.changed.notify_waiters();
                 tracing::debug!(lock = %self.name, "lease released");
             }
@@ -470,7 +495,15 @@ mod tests {
 
     fn lease(ttl: Duration) -> Arc<LeaseState> {
         let call = ScriptCall::new(&MUTEX_EXTEND, Arc::new([]), Arc::new([]));
-        LeaseState::new("l".into(), Instant::now(), ttl, ttl, Renew::Script(call), true)
+        LeaseState::new(
+            "l".into(),
+            Instant::now(),
+            ttl,
+            ttl,
+            Renew::Script(call),
+            true,
+            None,
+        )
     }
 
     #[tokio::test]
@@ -513,6 +546,7 @@ mod tests {
             Duration::from_secs(3),
             Renew::Script(call.clone()),
             true,
+            None,
         );
         assert_eq!(handed.next_renewal(), later(sent, Duration::from_secs(1)));
         assert_eq!(
@@ -520,7 +554,7 @@ mod tests {
             later(sent, Duration::from_secs(3) - drift(ttl))
         );
         // A full lease: after a third of its TTL.
-        let full = LeaseState::new("l".into(), sent, ttl, ttl, Renew::Script(call), true);
+        let full = LeaseState::new("l".into(), sent, ttl, ttl, Renew::Script(call), true, None);
         assert_eq!(full.next_renewal(), later(sent, Duration::from_secs(10)));
     }
 

@@ -13,7 +13,8 @@
 //! - `acquire`: the attempt loop, and an acquisition of one lease through Redis;
 //! - `guard`: the one guard core every guard is built on, and the public [`Guard`]
 //!   surface;
-//! - `heartbeat`: waiter entries kept alive while their waiter waits.
+//! - `heartbeat`: waiter entries kept alive while their waiter waits;
+//! - `metrics`: what the engine counts and times, through the `metrics` facade.
 //!
 //! As etcd's `concurrency` package keeps liveness in its session and ordering in its
 //! mutex, the engine owns liveness — renewal, extend, release, drop, `lost()` — and the
@@ -25,9 +26,11 @@ pub(crate) mod deadline;
 pub(crate) mod guard;
 pub(crate) mod heartbeat;
 pub(crate) mod lease;
+pub(crate) mod metrics;
 pub(crate) mod notify;
 pub(crate) mod renewer;
 pub(crate) mod request;
 
 pub use guard::Guard;
 pub use lease::{Lease, LostReason};
+pub use metrics::describe_metrics;

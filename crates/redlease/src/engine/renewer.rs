@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::deadline::later;
 use super::lease::{LeaseState, LostReason, Renew, Renewal};
+use super::metrics;
 use crate::script::eval_batch;
 use crate::script::reply::int;
 use crate::transport::{Batching, CommandConnection};
@@ -239,6 +240,7 @@ async fn renew(
     );
     counters.ticks.fetch_add(1, Ordering::Relaxed);
     counters.round_trips.fetch_add(round_trips, Ordering::Relaxed);
+    metrics::renewal_round_trips(round_trips);
     tracing::trace!(leases = batch.len(), elapsed = ?sent.elapsed(), "renewal tick");
     let mut scripts = results.into_iter().map(|result| match result {
         Ok(reply) if int(&reply) == Some(1) => Renewal::Confirmed { sent },
@@ -282,6 +284,7 @@ fn settle(
             None
         }
         Renewal::Unreachable { error } => {
+            metrics::renewal_failed();
             let now = Instant::now();
             let valid_until = lease.valid_until();
             if now >= valid_until {

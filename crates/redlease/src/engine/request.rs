@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::context::Context;
 use super::deadline::{Deadline, later};
+use super::metrics;
 use crate::error::{Error, Result, is_transient};
 use crate::options::ReplicaAck;
 use crate::script::reply::int;
@@ -157,6 +158,7 @@ impl<'a> Op<'a> {
                         return Err(self.error(e));
                     }
                     tracing::debug!(lock = %self.name, op = self.what, error = %e, "request failed; retrying");
+                    metrics::request_retried(self.what);
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RETRY_MAX);
                 }
@@ -289,6 +291,7 @@ pub(crate) fn spawn_release(ctx: Arc<Context>, name: Arc<str>, call: ScriptCall,
                     return;
                 }
                 Some(Err(e)) if is_transient(&e) && !give_up.before(later(Instant::now(), delay)) => {
+                    metrics::request_retried("release");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(1));
                 }

@@ -12,6 +12,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
+use crate::engine::metrics::{AcquireCall, Handover, Primitive, handed_over};
 use crate::engine::request::spawn_release;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -105,7 +106,7 @@ pub struct MutexStatus {
 impl Mutex {
     pub(crate) fn new(ctx: Arc<Context>, name: &str, options: LeaseOptions) -> Result<Self> {
         let keys = LockKeys::new(&ctx.prefix, name)?;
-        let base = LockBase::new(ctx, name, &keys.key, options)?;
+        let base = LockBase::new(ctx, Primitive::Mutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
 
@@ -204,7 +205,13 @@ impl Mutex {
         self.acquire(Wait::timeout(timeout)).await
     }
 
+    /// Acquires as `wait` says, counting the call in the metrics.
     async fn acquire(&self, wait: Wait) -> Result<MutexGuard> {
+        let call = AcquireCall::start(Primitive::Mutex);
+        call.finish(self.acquire_uncounted(wait).await)
+    }
+
+    async fn acquire_uncounted(&self, wait: Wait) -> Result<MutexGuard> {
         let s = &*self.shared;
         let token = Token::for_owner(&s.base.ctx.label);
         // Tasks of this client queue locally behind the local holder; one at a time
@@ -276,7 +283,7 @@ impl Mutex {
     /// issued by a script: the INCR runs after the SET that took the lock (same
     /// connection, in order) and before the release that frees it (sent after the
     /// reply), so tokens rise with the acquisitions. Anything else — the lock is taken
-    /// (or is ours already: a retry after a lost reply), the counter must be seeded
+    /// (or is ours already: a retry after a lost reply), the counter must be started
     /// (see `mark.lua`) — is left to the acquire script, which answers it in full. On a
     /// Redis Cluster, where a slot migration can split the two commands between nodes,
     /// and under a replica policy, the script does it all.
@@ -390,7 +397,7 @@ impl Mutex {
         };
         let ttl = s.base.options.ttl;
         s.base
-            .acquire(spec, |reply, _| {
+            .acquire_step(spec, |reply, _| {
                 let parsed = parse_acquire(reply, ttl, &s.base)?;
                 Ok(match parsed {
                     // A waiter left a registration behind: undo removes it.
@@ -472,6 +479,7 @@ impl Mutex {
         claim.disarm();
         match parse_acquire(&reply, s.base.options.ttl, &s.base) {
             Ok(Reply::Acquired { fence, remaining }) => {
+                handed_over(Primitive::Mutex, Handover::Local);
                 tracing::debug!(lock = %s.base.name, ?fence, "lock handed to a local waiter");
                 popped.hand_over(fence.unwrap_or(0), sent, remaining);
                 Ok(())
@@ -548,7 +556,7 @@ impl Mutex {
 }
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
-/// `INCR` and still has to be seeded (see `mark.lua`).
+/// `INCR` and still has to be started (see `mark.lua`).
 const SEEDED: u64 = 1 << 50;
 
 /// What [`Mutex::acquire_free`] found.

@@ -3,7 +3,7 @@
 //!
 //! # Transactions
 //!
-//! [`transaction`] (or [`Transaction`] for the settings) runs the pattern of seed 001:
+//! [`transaction`] (or [`Transaction`] for the settings) runs the optimistic-locking pattern of Redis transactions:
 //!
 //! 1. `WATCH` the keys;
 //! 2. your closure reads through the [`Tx`] it is given and returns the commands to
@@ -79,7 +79,7 @@
 //!   tries are wasted per success.
 //! - **Several keys, or reads that decide what to write: a transaction.** The only one
 //!   of the three that makes a multi-key read-then-write atomic without a lock. It is
-//!   cheap while conflicts are rare — the seed's point: most updates touch different
+//!   cheap while conflicts are rare — and most updates touch different
 //!   keys — and its backoff keeps it at about one retry per four commits on a hot key.
 //! - **A lock when the work between read and write is long, expensive, has effects
 //!   outside Redis, or must not be repeated.** On a hot key it is about as fast as
@@ -556,7 +556,7 @@ const CONTROL: [&str; 5] = ["WATCH", "UNWATCH", "MULTI", "EXEC", "DISCARD"];
 /// The watched connection, handed to a transaction's closure for its reads.
 ///
 /// Commands sent through it run at once, on the transaction's exclusive connection,
-/// after `WATCH`: exactly what the seed's `val = GET mykey` does. They are not part of
+/// after `WATCH`: the `val = GET mykey` of the classic `WATCH`/`MULTI`/`EXEC` example. They are not part of
 /// the transaction — return writes in the pipeline instead. A `Tx` is valid for one
 /// attempt only; using it (or a clone) afterwards fails.
 #[derive(Clone)]

@@ -26,6 +26,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::GuardCore;
 use crate::engine::lease::{Lease, LeaseState, Renew, Renewal, drift};
+use crate::engine::metrics::{AcquireCall, Primitive};
 use crate::engine::notify::{Subscription, WakeDebt};
 use crate::engine::request::{Claim, spawn_release};
 use crate::error::{Error, Result, is_transient};
@@ -77,7 +78,7 @@ const RETRY_MAX: Duration = Duration::from_millis(500);
 /// majorities of two successive holders may share a single master, and which master
 /// that is differs from pair to pair — so no combination of per-master counters (their
 /// maximum, their sum) is guaranteed to rise, least of all after a master restarted
-/// empty. Counters seeded from clocks would need exactly the clock synchronisation a
+/// empty. Counters started from clocks would need exactly the clock synchronisation a
 /// fencing token is meant to make unnecessary. This is Martin Kleppmann's argument in
 /// "How to do distributed locking" (2016). If the protected resource can check a
 /// token, use a single-node [`Mutex`](crate::Mutex) (with replica acknowledgement for
@@ -166,12 +167,12 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] as for [`Client::mutex`](crate::Client::mutex).
+    /// [`Error::InvalidName`] for a name that breaks the [name rules](crate::Client#names).
     pub fn mutex(&self, name: &str) -> Result<RedlockMutex> {
         self.mutex_with(name, LeaseOptions::default())
     }
 
-    /// A quorum mutex with the given lease options.
+    /// A quorum mutex with the given lease options. Names follow the [name rules](crate::Client#names).
     ///
     /// # Errors
     ///
@@ -432,6 +433,11 @@ impl RedlockMutex {
     }
 
     async fn acquire(&self, wait: Wait) -> Result<RedlockGuard> {
+        let call = AcquireCall::start(Primitive::Redlock);
+        call.finish(self.acquire_uncounted(wait).await)
+    }
+
+    async fn acquire_uncounted(&self, wait: Wait) -> Result<RedlockGuard> {
         let s = &*self.shared;
         let nodes = self.nodes();
         let quorum = self.quorum();
@@ -647,6 +653,7 @@ impl RedlockMutex {
             remaining,
             Renew::Round(round),
             s.options.auto_renew,
+            Some(Primitive::Redlock),
         );
         // Renewed, or watched for running out.
         self.nodes()[0].renewer.schedule(&state);

@@ -7,7 +7,7 @@
 -- A fencing token must be strictly greater than every token issued before for the same
 -- lock, even when the metadata expired, was deleted, or came back older from a
 -- snapshot. So the next token is max(prev + 1, Redis server time in microseconds): a
--- missing or stale mark is reseeded from Redis's own clock (TIME), never the client's.
+-- missing or stale mark starts again from Redis's own clock (TIME), never the client's.
 -- Tokens stay below 2^53, so Lua's doubles hold them exactly.
 --
 -- Everything here is on the hot path of every acquisition, so it works on the strings

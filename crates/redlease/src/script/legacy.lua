@@ -1,6 +1,6 @@
 -- legacy.lua: shared prelude of the legacy timestamp-lock scripts.
 --
--- The old protocol (the SETNX page of the Redis docs, seeds 000 and 004): the lock key
+-- The old protocol (the locking pattern of the Redis SETNX documentation page): the lock key
 -- holds "<unix time + timeout + 1>" in seconds (unit 's') or milliseconds (unit 'ms').
 -- Old clients take a free lock with SETNX, take over one whose timestamp is older than
 -- their clock with GET + GETSET (winning only if GETSET returned the expired value), and
@@ -44,7 +44,7 @@ local function expires_ms(stamp, unit)
 end
 
 -- respected_ms(stamp, unit) -> the instant up to which every old client respects the
--- stamp, whether it treats "stamp == now" as expired (seed 004) or only "stamp < now"
+-- stamp, whether it treats "stamp == now" as expired (as some do) or only "stamp < now"
 local function respected_ms(stamp, unit)
   if unit == 's' then
     return stamp * 1000

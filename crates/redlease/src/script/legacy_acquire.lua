@@ -3,7 +3,7 @@
 -- KEYS[1]  lock key      <prefix><name>: "<unix time + timeout + 1>" (the old protocol)
 -- KEYS[2]  owner key     {<lock key>}:legacy: "<stamp> <token>" (see legacy.lua)
 -- ARGV[1]  token         this acquisition's random token (never stored in the lock key)
--- ARGV[2]  unit          's' (seconds, as the seeds write it) or 'ms'
+-- ARGV[2]  unit          's' (seconds, what old SETNX clients write) or 'ms'
 -- ARGV[3]  timeout_ms    the lock timeout (a whole number of seconds for unit 's')
 --
 -- Reply: {1, remaining_ms}  acquired now, or already ours (a retry after a lost reply)

@@ -24,6 +24,9 @@
 -- passed every token issued. Tokens stay below 2^53, exact in Lua's numbers, for a
 -- quarter of a millennium.
 local COUNTER_MS = 100
+-- Every seed is above this (2^50); a counter below it was made by the plain mutex's
+-- pipelined INCR and is not seeded yet.
+local SEEDED = 1125899906842624
 local FLOOR_MS = 86400000
 
 -- take_fence(counter, floor) -> the next fencing token (a number), or an error reply (a
@@ -36,7 +39,7 @@ local function take_fence(counter, floor)
   if fence >= 9007199254740990 then
     return {err = 'ERR redlease fencing mark exhausted'}
   end
-  if fence > 1125899906842624 then
+  if fence > SEEDED then
     return fence
   end
   -- The counter was missing (INCR just made it 1; the plain mutex's pipelined INCR,
@@ -55,12 +58,15 @@ local function take_fence(counter, floor)
 end
 
 -- fence_mark(counter, floor) -> a decimal string not below any token issued so far in
--- the slot, or nil when neither key exists
+-- the slot, or nil when that is unknown: the counter while it is seeded, else the floor
+-- (a counter that a pipelined INCR made after it expired reads a few units — far below
+-- the tokens issued before, which the floor bounds)
 local function fence_mark(counter, floor)
   local mark = redis.pcall('GET', counter)
-  if type(mark) ~= 'string' then
-    mark = redis.pcall('GET', floor)
+  if type(mark) == 'string' and (tonumber(mark) or 0) > SEEDED then
+    return mark
   end
+  mark = redis.pcall('GET', floor)
   if type(mark) == 'string' then
     return mark
   end

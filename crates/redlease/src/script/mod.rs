@@ -121,11 +121,31 @@ impl std::fmt::Debug for LuaScript {
 
 const FENCE: &str = include_str!("fence.lua");
 const MARK: &str = include_str!("mark.lua");
+/// The plain mutex's token format: who holds a lock key (status, list).
+const OWNER: &str = include_str!("owner.lua");
 const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
 const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
 const SEM_WAITERS: &str = include_str!("sem_waiters.lua");
+
+/// The plain mutex's steps as local Lua functions taking that script's `KEYS` and
+/// `ARGV`, for the scripts that apply a step to several names at once: each name then
+/// gets exactly what a plain mutex of that name gets, whatever its scripts write.
+macro_rules! step {
+    ($file:literal) => {
+        concat!(
+            "local function ",
+            $file,
+            "(KEYS, ARGV)\n",
+            include_str!(concat!($file, ".lua")),
+            "\nend\n"
+        )
+    };
+}
+const MUTEX_ACQUIRE_STEP: &str = step!("mutex_acquire");
+const MUTEX_EXTEND_STEP: &str = step!("mutex_extend");
+const MUTEX_RELEASE_STEP: &str = step!("mutex_release");
 
 macro_rules! script {
     ($static:ident, $file:literal) => {
@@ -148,7 +168,7 @@ macro_rules! script {
 script!(MUTEX_ACQUIRE, "mutex_acquire", [MARK]);
 script!(MUTEX_EXTEND, "mutex_extend");
 script!(MUTEX_RELEASE, "mutex_release", [MARK]);
-script!(MUTEX_STATUS, "mutex_status", [MARK]);
+script!(MUTEX_STATUS, "mutex_status", [MARK, OWNER]);
 script!(MUTEX_HANDOFF, "mutex_handoff", [MARK]);
 script!(LEASE_EXTEND, "lease_extend");
 script!(CAS, "cas");
@@ -175,6 +195,8 @@ script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
 script!(SEM_RELEASE, "sem_release", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
+script!(LIST_LOCK, "list_lock", [OWNER]);
+
 script!(REDLOCK_ACQUIRE, "redlock_acquire");
 script!(REDLOCK_RELEASE, "redlock_release");
 
@@ -183,6 +205,10 @@ script!(ELECTION_RENEW, "election_renew");
 script!(ELECTION_RESIGN, "election_resign", [EXPIRY]);
 script!(ELECTION_PROCLAIM, "election_proclaim", [EXPIRY]);
 script!(ELECTION_STATUS, "election_status");
+
+script!(MULTI_ACQUIRE, "multi_acquire", [MARK, MUTEX_ACQUIRE_STEP]);
+script!(MULTI_EXTEND, "multi_extend", [MUTEX_EXTEND_STEP]);
+script!(MULTI_RELEASE, "multi_release", [MARK, MUTEX_RELEASE_STEP]);
 
 /// Every script, for preloading.
 pub(crate) fn all() -> Vec<&'static LuaScript> {
@@ -213,6 +239,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_EXTEND,
         &SEM_RELEASE,
         &SEM_STATUS,
+        &LIST_LOCK,
         &REDLOCK_ACQUIRE,
         &REDLOCK_RELEASE,
         &ELECTION_CAMPAIGN,
@@ -220,6 +247,9 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &ELECTION_RESIGN,
         &ELECTION_PROCLAIM,
         &ELECTION_STATUS,
+        &MULTI_ACQUIRE,
+        &MULTI_EXTEND,
+        &MULTI_RELEASE,
     ]
 }
 

@@ -18,8 +18,4 @@ local mark = fence_mark(KEYS[2], KEYS[3]) or false
 if not current then
   return {0, -2, false, false, false, mark}
 end
-local label = false
-if string.find(current, '^%x+@') == 1 and string.find(current, '@', 1, true) == 33 then
-  label = string.sub(current, 34)
-end
-return {1, redis.call('PTTL', KEYS[1]), label, false, false, mark}
+return {1, redis.call('PTTL', KEYS[1]), plain_owner(current) or false, false, false, mark}

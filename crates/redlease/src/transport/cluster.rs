@@ -89,6 +89,73 @@ pub(crate) async fn shard_subscribers(router: &ClusterConnection, channel: &str)
     Ok(count_of(&reply, channel).unwrap_or(0))
 }
 
+/// The first slot of each master, from `CLUSTER SLOTS`: a route to every master, for
+/// the commands that must run on each of them (`SCAN`).
+pub(crate) async fn one_slot_per_master(router: &ClusterConnection) -> RedisResult<Vec<u16>> {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let reply = router
+        .clone()
+        .route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+        .await?;
+    let mut first_slots: std::collections::BTreeMap<String, u16> = Default::default();
+    for entry in array(&reply).unwrap_or_default() {
+        let Some([start, _end, master, ..]) = array(entry) else {
+            continue;
+        };
+        let (Some(start), Some([host, port, ..])) = (int(start), array(master)) else {
+            continue;
+        };
+        let addr = format!(
+            "{}:{}",
+            opt_string(host).unwrap_or_default(),
+            int(port).unwrap_or(0)
+        );
+        let slot = start as u16;
+        first_slots
+            .entry(addr)
+            .and_modify(|s| *s = (*s).min(slot))
+            .or_insert(slot);
+    }
+    Ok(first_slots.into_values().collect())
+}
+
+/// Sends commands to the master that serves one slot, whatever their keys.
+pub(crate) struct SlotNode {
+    conn: ClusterConnection,
+    slot: u16,
+}
+
+impl SlotNode {
+    pub fn new(conn: ClusterConnection, slot: u16) -> Self {
+        SlotNode { conn, slot }
+    }
+}
+
+impl CommandConnection for SlotNode {
+    fn send<'a>(&'a self, cmd: &'a Cmd) -> redis::RedisFuture<'a, Value> {
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            self.slot,
+            SlotAddr::Master,
+        )));
+        let mut conn = self.conn.clone();
+        Box::pin(async move { conn.route_command(cmd.clone(), route).await })
+    }
+
+    fn send_pipeline<'a>(
+        &'a self,
+        pipe: &'a redis::Pipeline,
+    ) -> redis::RedisFuture<'a, Vec<RedisResult<Value>>> {
+        Box::pin(async move {
+            let mut results = Vec::new();
+            for cmd in pipe.cmd_iter() {
+                results.push(self.send(cmd).await);
+            }
+            Ok(results)
+        })
+    }
+}
+
 /// The count for `channel` in a `PUBSUB (SHARD)NUMSUB` reply (a flat array in RESP2,
 /// a map in RESP3).
 pub(crate) fn count_of(reply: &Value, channel: &str) -> Option<i64> {

@@ -36,6 +36,33 @@ pub trait CommandConnection: Send + Sync + 'static {
 
     /// Sends a pipeline (built with `ignore_errors`) and returns one result per command.
     fn send_pipeline<'a>(&'a self, pipe: &'a Pipeline) -> RedisFuture<'a, Vec<RedisResult<Value>>>;
+
+    /// Sends a pipeline of the application's as redis-rs's
+    /// [`ConnectionLike::req_packed_commands`] does: `count` replies after skipping
+    /// `offset` (a transaction's `MULTI` and queued replies). Used by
+    /// [`Client::connection`](crate::Client::connection); redlease itself never calls
+    /// it. The default refuses: implement it on a connection of your own to pass
+    /// pipelines through.
+    fn send_packed_commands<'a>(
+        &'a self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let _ = (pipe, offset, count);
+        Box::pin(async {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "this connection takes no pipelines from the application",
+            )))
+        })
+    }
+
+    /// The database the connection uses (`SELECT`), as redis-rs's
+    /// [`ConnectionLike::get_db`] reports it (0 when unknown).
+    fn db(&self) -> i64 {
+        0
+    }
 }
 
 impl<C> CommandConnection for C
@@ -50,6 +77,20 @@ where
     fn send_pipeline<'a>(&'a self, pipe: &'a Pipeline) -> RedisFuture<'a, Vec<RedisResult<Value>>> {
         let mut conn = self.clone();
         Box::pin(async move { pipe.query_async(&mut conn).await })
+    }
+
+    fn send_packed_commands<'a>(
+        &'a self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let mut conn = self.clone();
+        Box::pin(async move { conn.req_packed_commands(pipe, offset, count).await })
+    }
+
+    fn db(&self) -> i64 {
+        self.get_db()
     }
 }
 

@@ -193,4 +193,29 @@ impl CommandConnection for SentinelConnection {
             }
         })
     }
+
+    fn send_packed_commands<'a>(
+        &'a self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let (generation, mut conn) = self.current().await?;
+            let result =
+                redis::aio::ConnectionLike::req_packed_commands(&mut conn, pipe, offset, count).await;
+            if let Err(e) = &result {
+                if lost_master(e) || is_readonly(e) {
+                    self.forget(generation);
+                }
+            }
+            result
+        })
+    }
+
+    fn db(&self) -> i64 {
+        use redis::aio::ConnectionLike;
+        let current = self.shared.current.lock().expect("sentinel lock");
+        current.as_ref().map_or(0, |(_, conn)| conn.get_db())
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{CertificateProblem, Error, Result};
 
 /// Where to find the certificates for a `rediss://` connection.
 ///
@@ -17,6 +17,19 @@ use crate::error::{Error, Result};
 ///   or neither.
 ///
 /// The server's name in the URL (host name or IP address) must match its certificate.
+///
+/// # Certificates that work
+///
+/// rustls accepts only X.509 v3 certificates, and `openssl x509 -req` makes v1
+/// certificates unless given extensions; sign with `-extfile`:
+///
+/// ```sh
+/// printf 'subjectAltName=DNS:redis.internal\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > v3.ext
+/// openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 -extfile v3.ext -out client.crt
+/// ```
+///
+/// A refused certificate fails [`ClientBuilder::build`](crate::ClientBuilder::build)
+/// with [`Error::Certificate`], whose [`CertificateProblem`] says what is wrong.
 ///
 /// # Examples
 ///
@@ -153,6 +166,72 @@ fn read_pem(path: &Path, what: &str, label: &str) -> Result<Vec<u8>> {
         )));
     }
     Ok(bytes)
+}
+
+/// What is wrong with a certificate, when `err` (a failed connection) is a TLS
+/// certificate failure rather than a server that is down.
+///
+/// A handshake failure reaches us as an I/O error wrapping rustls's error; a client
+/// certificate that rustls refuses to load at all only as text, in an
+/// `InvalidClientConfig` error.
+pub(crate) fn certificate_problem(err: &redis::RedisError) -> Option<CertificateProblem> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert};
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        // redis-rs keeps the I/O error as an `Arc<dyn Error>`, and an I/O error's
+        // `source` skips the error it wraps: unwrap both by hand.
+        let e: &(dyn std::error::Error + 'static) =
+            match e.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>() {
+                Some(shared) => &**shared,
+                None => e,
+            };
+        let rustls_error = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(tls) = rustls_error {
+            return Some(match tls {
+                rustls::Error::InvalidCertificate(cert) => match cert {
+                    Cert::UnknownIssuer | Cert::BadSignature => CertificateProblem::UnknownIssuer,
+                    Cert::NotValidForName | Cert::NotValidForNameContext { .. } => {
+                        CertificateProblem::WrongName
+                    }
+                    Cert::Expired
+                    | Cert::ExpiredContext { .. }
+                    | Cert::NotValidYet
+                    | Cert::NotValidYetContext { .. } => CertificateProblem::Expired,
+                    other if format!("{other:?}").contains("UnsupportedCertVersion") => {
+                        CertificateProblem::ServerCertificateNotV3
+                    }
+                    _ => CertificateProblem::Other,
+                },
+                rustls::Error::AlertReceived(
+                    Alert::CertificateRequired
+                    | Alert::BadCertificate
+                    | Alert::UnsupportedCertificate
+                    | Alert::CertificateUnknown
+                    | Alert::UnknownCA
+                    | Alert::CertificateExpired
+                    | Alert::CertificateRevoked
+                    | Alert::AccessDenied,
+                ) => CertificateProblem::ClientCertificateRefused,
+                rustls::Error::NoCertificatesPresented => CertificateProblem::Other,
+                _ => return None,
+            });
+        }
+        source = e.source();
+    }
+    // rustls refused to load our own certificate: only the text tells.
+    let text = err.to_string();
+    if err.kind() == redis::ErrorKind::InvalidClientConfig && text.contains("certificate") {
+        return Some(if text.contains("UnsupportedCertVersion") {
+            CertificateProblem::ClientCertificateNotV3
+        } else {
+            CertificateProblem::ClientCertificateUnusable
+        });
+    }
+    None
 }
 
 /// Makes ring the process's rustls crypto provider unless one is installed already.

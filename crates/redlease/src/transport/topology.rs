@@ -68,3 +68,60 @@ impl Topology {
         }
     }
 }
+
+/// How many keys one `SCAN` call looks at.
+const SCAN_COUNT: usize = 1000;
+
+impl Topology {
+    /// Every key matching the glob `pattern`, found with `SCAN` (never `KEYS`, which
+    /// blocks the server while it walks the whole keyspace): on a cluster, on every
+    /// master. A key that appears in several calls (SCAN may repeat one) is returned
+    /// once; keys added or removed during the scan may or may not be returned.
+    pub async fn scan(&self, conn: &dyn CommandConnection, pattern: &str) -> RedisResult<Vec<String>> {
+        let mut keys = std::collections::BTreeSet::new();
+        match &self.deployment {
+            Deployment::Cluster(router) => {
+                for slot in super::cluster::one_slot_per_master(router).await? {
+                    let node = super::cluster::SlotNode::new(router.clone(), slot);
+                    scan_node(&node, pattern, &mut keys).await?;
+                }
+            }
+            Deployment::Standalone | Deployment::Sentinel => scan_node(conn, pattern, &mut keys).await?,
+        }
+        Ok(keys.into_iter().collect())
+    }
+}
+
+/// Walks one server's keyspace with `SCAN ... MATCH pattern` until the cursor is 0.
+async fn scan_node(
+    conn: &dyn CommandConnection,
+    pattern: &str,
+    keys: &mut std::collections::BTreeSet<String>,
+) -> RedisResult<()> {
+    use super::value::{array, int, text};
+    let mut cursor = 0u64;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT);
+        let reply = conn.send(&cmd).await?;
+        let (next, batch) = match array(&reply) {
+            Some([next, batch]) => (int(next), array(batch)),
+            _ => (None, None),
+        };
+        let (Some(next), Some(batch)) = (next, batch) else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "SCAN replied with something other than a cursor and keys",
+            )));
+        };
+        keys.extend(batch.iter().filter_map(text).map(str::to_owned));
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next as u64;
+    }
+}

@@ -1,0 +1,165 @@
+//! Canonical form: states that behave the same are made one state, so that the checker
+//! visits each only once (see docs/model.md, "Abstractions").
+
+use crate::client::Phase;
+use crate::config::Fence;
+use crate::model::{LockModel, State};
+use crate::net::{Msg, Reply, Req, Slot};
+use crate::server::Counter;
+
+impl LockModel {
+    /// Canonical form, so that states that behave the same are one state: requests
+    /// nobody waits for any more are sent-and-forgotten, and dropped once they can
+    /// change nothing; replies nobody waits for and hand-overs nobody can take are
+    /// dropped; the network is sorted.
+    pub(crate) fn normalize(&self, s: &mut State) {
+        for i in 0..s.net.len() {
+            if let Msg::Request { from, slot, req, .. } = s.net[i]
+                && slot != Slot::Background
+                && !s.clients[usize::from(from)].awaits(slot, req.token())
+            {
+                s.net[i] = Msg::Request {
+                    from,
+                    slot: Slot::Background,
+                    age: 0,
+                    req,
+                };
+            }
+        }
+        // A request that acts only on a lock its token holds (an extend, a release, a
+        // hand-over) and whose reply nobody reads changes nothing once its tokens can
+        // never hold the lock again. Acquires, and the unconditional commands of the
+        // broken variants, always stay.
+        let inert: Vec<bool> = s
+            .net
+            .iter()
+            .map(|m| match *m {
+                Msg::Request {
+                    slot: Slot::Background,
+                    req,
+                    ..
+                } => match req {
+                    Req::Get { .. } => true,
+                    Req::Extend { token, .. } | Req::Release { token, .. } => !s.may_hold(token),
+                    Req::HandOff { old, new } => !s.may_hold(old) && !s.may_hold(new),
+                    Req::Pipeline { .. }
+                    | Req::Acquire { .. }
+                    | Req::ReleaseUnchecked { .. }
+                    | Req::Expire { .. } => false,
+                },
+                _ => false,
+            })
+            .collect();
+        let mut inert = inert.into_iter();
+        s.net.retain(|_| !inert.next().expect("one per message"));
+        let clients = &s.clients;
+        s.net.retain(|m| match *m {
+            Msg::Reply { to, slot, token, .. } => clients[usize::from(to)].awaits(slot, token),
+            Msg::Grant { to, .. } => {
+                matches!(clients[usize::from(to.client)].phase, Phase::Acquiring(a) if a.token == to)
+            }
+            Msg::Request { .. } => true,
+        });
+        s.net.sort();
+        if self.canonical {
+            canonical_fences(s);
+        }
+    }
+}
+
+/// Renumbers the fencing tokens in `s` to the smallest numbers in the same order, two
+/// apart: every script only compares them, or issues one more than the counter (which
+/// then lands between the counter and the next value above it, as it does in Redis,
+/// where the floor is far above the counter). Runs that differ only by how many tokens
+/// were issued on the way become one.
+pub fn canonical_fences(s: &mut State) {
+    let mut values = Vec::new();
+    visit_fences(s, &mut |f| values.push(*f));
+    values.sort_unstable();
+    values.dedup();
+    visit_fences(s, &mut |f| *f = canonical_fence(&values, *f));
+}
+
+/// What `fence` becomes when the state's fencing tokens are `values` (sorted).
+fn canonical_fence(values: &[Fence], fence: Fence) -> Fence {
+    let rank = values.binary_search(&fence).expect("a fence of the state") as Fence;
+    2 * (rank + 1)
+}
+
+/// The message `m` of state `s` as it reads once `s` is renumbered.
+pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
+    let mut copy = s.clone();
+    let mut values = Vec::new();
+    visit_fences(&mut copy, &mut |f| values.push(*f));
+    values.sort_unstable();
+    values.dedup();
+    let mut m = *m;
+    match &mut m {
+        Msg::Grant { fence, .. } => *fence = canonical_fence(&values, *fence),
+        Msg::Reply { reply, .. } => match reply {
+            Reply::Acquired {
+                fence: Some(fence), ..
+            }
+            | Reply::Pipeline {
+                fence: Some(fence), ..
+            } => *fence = canonical_fence(&values, *fence),
+            Reply::Busy { mark: Some(mark), .. } => *mark = canonical_fence(&values, *mark),
+            _ => {}
+        },
+        Msg::Request { .. } => {}
+    }
+    m
+}
+
+/// Calls `f` on every fencing token in the state.
+fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
+    let server = &mut s.server;
+    if let Counter::Seeded(c) = &mut server.counter {
+        f(c);
+    }
+    for v in [&mut server.floor, &mut s.resource.highest].into_iter().flatten() {
+        f(v);
+    }
+    if let Some(key) = &mut server.lock
+        && key.term > 0
+    {
+        f(&mut key.term);
+    }
+    if let Some((term, _)) = &mut server.last_term {
+        f(term);
+    }
+    for client in &mut s.clients {
+        match &mut client.phase {
+            Phase::Acquiring(a) => {
+                if let Some((_, Some(mark))) = &mut a.last_busy {
+                    f(mark);
+                }
+                if let Some(fence) = &mut a.confirm {
+                    f(fence);
+                }
+            }
+            Phase::Holding(h) => {
+                if let Some(fence) = &mut h.fence {
+                    f(fence);
+                }
+            }
+            _ => {}
+        }
+    }
+    for m in &mut s.net {
+        match m {
+            Msg::Grant { fence, .. } => f(fence),
+            Msg::Reply { reply, .. } => match reply {
+                Reply::Acquired {
+                    fence: Some(fence), ..
+                }
+                | Reply::Pipeline {
+                    fence: Some(fence), ..
+                } => f(fence),
+                Reply::Busy { mark: Some(mark), .. } => f(mark),
+                _ => {}
+            },
+            Msg::Request { .. } => {}
+        }
+    }
+}

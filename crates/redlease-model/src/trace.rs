@@ -1,0 +1,554 @@
+//! Counterexamples as traces a person can read: one line per step, saying what happened
+//! and what it changed.
+
+use std::fmt::Write;
+
+use stateright::{Expectation, Model, Path};
+
+use crate::canonical::canonical_msg;
+use crate::client::{Phase, ReleaseStep};
+use crate::config::Kind;
+use crate::model::{Action, LockModel, State};
+use crate::net::{Msg, Reply, Req, Slot, Stage, Tok, client_name};
+
+/// The trace of `path`, ending with what is wrong in its last state.
+pub fn render(model: &LockModel, path: &Path<State, Action>) -> String {
+    let mut steps = replay(model, path);
+    // Up to the first state that breaks a property (with several threads the checker
+    // may report a path that goes on past it).
+    let properties = model.properties();
+    let broken = |s: &State| {
+        properties
+            .iter()
+            .any(|p| p.expectation == Expectation::Always && !(p.condition)(model, s))
+    };
+    if let Some(first) = steps.iter().position(|(s, _)| broken(s)) {
+        steps.truncate(first + 1);
+        steps[first].1 = None;
+    }
+    let mut out = String::new();
+    let mut time = None;
+    // The state holds relative times; the trace counts the ticks to show absolute ones.
+    let mut now: u32 = 0;
+    for pair in steps.windows(2) {
+        let (before, action) = (
+            &pair[0].0,
+            pair[0].1.expect("every step but the last has an action"),
+        );
+        let after = &pair[1].0;
+        if action == Action::Tick {
+            now += 1;
+            let _ = writeln!(out, "        --- tick: t={now}");
+            for line in expiries(before, after) {
+                let _ = writeln!(out, "        {line}");
+            }
+            time = None;
+            continue;
+        }
+        let stamp = if time == Some(now) {
+            "      ".to_string()
+        } else {
+            time = Some(now);
+            format!("t={now:<3} ")
+        };
+        let _ = writeln!(out, "  {stamp}{}", describe(model, before, action, after, now));
+    }
+    let last = &steps.last().expect("a path has a last state").0;
+    let _ = writeln!(out, "  then: {}", summary(model, last, now));
+    out
+}
+
+/// The states of `path` as the model reaches them without renumbering fencing tokens
+/// (the checker's states are renumbered; see `canonical_fences`), so that a trace shows
+/// the tokens Redis would issue.
+fn replay(model: &LockModel, path: &Path<State, Action>) -> Vec<(State, Option<Action>)> {
+    let raw_model = LockModel {
+        canonical: false,
+        ..model.clone()
+    };
+    let steps = path.clone().into_vec();
+    let mut raw = steps[0].0.clone();
+    let mut out = Vec::new();
+    for (state, action) in steps {
+        let Some(action) = action else {
+            out.push((raw.clone(), None));
+            break;
+        };
+        // The message an index names in the checker's state, found in the raw one.
+        let translate = |i: usize| {
+            let m = state.net[i];
+            raw.net
+                .iter()
+                .position(|r| canonical_msg(&raw, r) == m)
+                .expect("the same messages in flight")
+        };
+        let raw_action = match action {
+            Action::Deliver(i) => Action::Deliver(translate(i)),
+            Action::Lose(i) => Action::Lose(translate(i)),
+            other => other,
+        };
+        let next = raw_model
+            .next_state(&raw, raw_action)
+            .expect("every action has a next state");
+        out.push((raw, Some(raw_action)));
+        raw = next;
+    }
+    out
+}
+
+/// Keys and leases that ran out in a tick.
+fn expiries(before: &State, after: &State) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let (Some(k), None) = (before.server.lock, after.server.lock) {
+        lines.push(format!("key {} expires on the server", k.token));
+    }
+    for (c, (b, a)) in before.clients.iter().zip(&after.clients).enumerate() {
+        if let (Phase::Holding(hb), Phase::Holding(ha)) = (b.phase, a.phase)
+            && hb.ended.is_none()
+            && ha.ended.is_some()
+        {
+            lines.push(format!(
+                "{}'s lease {} runs out (its clock reaches valid_until)",
+                client_name(c as u8),
+                ha.token,
+            ));
+        }
+    }
+    lines
+}
+
+/// The script (or command) a request runs.
+fn script(kind: Kind, req: &Req) -> String {
+    let name = |mutex: &str, sem: &str, election: &str| match kind {
+        Kind::Mutex => mutex.to_string(),
+        Kind::Semaphore { .. } => sem.to_string(),
+        Kind::Election => election.to_string(),
+    };
+    match *req {
+        Req::Pipeline {
+            token,
+            stage: Stage::Set,
+        } => format!("the pipeline SET NX PX + INCR({token})"),
+        Req::Pipeline {
+            token,
+            stage: Stage::Incr { .. },
+        } => format!("the INCR of {token}'s pipeline"),
+        Req::Acquire { token, leave } => format!(
+            "{}({token}{})",
+            name("mutex_acquire.lua", "sem_acquire.lua", "election_campaign.lua"),
+            if leave { ", wait 2" } else { "" }
+        ),
+        Req::Extend { token, ttl } => format!(
+            "{}({token}, ttl {ttl})",
+            name("mutex_extend.lua", "sem_extend.lua", "election_renew.lua")
+        ),
+        Req::Release { token, leaving } => format!(
+            "{}({token}{})",
+            name("mutex_release.lua", "sem_release.lua", "election_resign.lua"),
+            if leaving { ", leaving its registration" } else { "" }
+        ),
+        Req::HandOff { old, new } => format!("mutex_handoff.lua({old} -> {new})"),
+        Req::Get { .. } => "GET key".to_string(),
+        Req::ReleaseUnchecked { .. } => "the release's delete (no compare)".to_string(),
+        Req::Expire { .. } => "PEXPIRE key".to_string(),
+    }
+}
+
+fn reply_text(reply: &Reply) -> String {
+    match *reply {
+        Reply::Pipeline { taken: false, .. } => "SET: nil (held)".to_string(),
+        Reply::Pipeline {
+            taken: true,
+            fence: Some(f),
+        } => format!("SET: OK, INCR: fence {f}"),
+        Reply::Pipeline {
+            taken: true,
+            fence: None,
+        } => "SET: OK, INCR: a few units (the counter is not seeded)".to_string(),
+        Reply::Acquired { fence, pttl: None } => match fence {
+            Some(f) => format!("acquired, fence {f}"),
+            None => "acquired".to_string(),
+        },
+        Reply::Acquired {
+            fence,
+            pttl: Some(pttl),
+        } => {
+            let left = pttl.map_or("no TTL".to_string(), |p| format!("{p} left"));
+            match fence {
+                Some(f) => format!("already ours, fresh fence {f}, {left}"),
+                None => format!("already ours, {left}"),
+            }
+        }
+        Reply::Busy { mark: Some(m), .. } => format!("busy (mark {m})"),
+        Reply::Busy { mark: None, .. } => "busy".to_string(),
+        Reply::Int(n) => format!("{n}"),
+        Reply::Value(v) => v.map_or("nil".to_string(), |t| t.to_string()),
+    }
+}
+
+/// The server's lock state.
+fn key_text(s: &State, now: u32) -> String {
+    let mut text = match s.server.lock {
+        Some(k) => match k.expires {
+            Some(e) => format!("key = {} until t={}", k.token, now + u32::from(e)),
+            None => format!("key = {} with NO TTL", k.token),
+        },
+        None => "key free".to_string(),
+    };
+    if !s.server.permits.is_empty() {
+        let permits: Vec<String> = s
+            .server
+            .permits
+            .iter()
+            .map(|(t, d)| format!("{t} until t={}", now + u32::from(*d)))
+            .collect();
+        text = format!("permits: {}", permits.join(", "));
+    }
+    text
+}
+
+/// One client's state, briefly.
+fn phase_text(s: &State, c: usize, now: u32) -> String {
+    match s.clients[c].phase {
+        Phase::Idle => "idle".to_string(),
+        Phase::Crashed => "crashed".to_string(),
+        Phase::Acquiring(a) => format!("acquiring {}", a.token),
+        Phase::Holding(h) => {
+            let fence = h.fence.map_or(String::new(), |f| format!(", fence {f}"));
+            match h.ended {
+                None if h.believes() => format!(
+                    "HOLDS {}{fence}, believed until t={}",
+                    h.token,
+                    now + u32::from(h.valid_for)
+                ),
+                None => format!("holds {} past valid_until", h.token),
+                Some(reason) => format!("guard of {} ({reason:?})", h.token),
+            }
+        }
+        Phase::Releasing { token, .. } => format!("releasing {token}"),
+        Phase::HandingOver { old, new, .. } => format!("handing {old} over to {new}"),
+    }
+}
+
+fn describe(model: &LockModel, before: &State, action: Action, after: &State, now: u32) -> String {
+    let who = |c: u8| client_name(c);
+    let kind = model.kind;
+    match action {
+        Action::Tick => unreachable!("handled by render"),
+        Action::Lapse(token) => {
+            format!("{token}'s waiter registration lapses (no new attempt before its deadline)")
+        }
+        Action::Begin(c) | Action::Attempt(c) => {
+            let what = if matches!(action, Action::Begin(_)) {
+                "starts acquiring"
+            } else {
+                "tries again"
+            };
+            format!(
+                "{}: {what}; sends {}",
+                who(c),
+                last_request(kind, before, after, c)
+            )
+        }
+        Action::GiveUp(c) => format!(
+            "{}: gives up acquiring (deadline); {}",
+            who(c),
+            background(kind, before, after, c)
+        ),
+        Action::Deliver(i) => match before.net[i] {
+            Msg::Request {
+                from,
+                req:
+                    Req::Pipeline {
+                        token,
+                        stage: Stage::Set,
+                    },
+                ..
+            } if !model.pipeline_back_to_back => {
+                let taken = after.server.lock.is_some_and(|k| k.token == token)
+                    && before.server.lock.is_none_or(|k| k.token != token);
+                format!(
+                    "server runs the SET NX PX of {token}'s pipeline from {} → {} (its INCR follows); {}",
+                    who(from),
+                    if taken { "OK" } else { "nil (held)" },
+                    key_text(after, now)
+                )
+            }
+            Msg::Request { from, slot, req, .. } => {
+                let new = added(before, after);
+                let (reply, _) = model.execute(&mut before.server.clone(), req);
+                let text = match (req, reply) {
+                    (
+                        Req::Pipeline {
+                            stage: Stage::Incr { .. },
+                            ..
+                        },
+                        Reply::Pipeline { taken: false, .. },
+                    ) => "not used (its SET did not set)".to_string(),
+                    (
+                        Req::Pipeline {
+                            stage: Stage::Incr { .. },
+                            ..
+                        },
+                        Reply::Pipeline { fence: Some(f), .. },
+                    ) => format!("fence {f}"),
+                    _ => reply_text(&reply),
+                };
+                let answer = if slot != Slot::Background {
+                    format!(" → {text}")
+                } else {
+                    format!(" → {text} (nobody reads it)")
+                };
+                let grant = new
+                    .iter()
+                    .find_map(|m| match m {
+                        Msg::Grant { to, fence } => Some(format!("; publishes \"g {to} {fence}\"")),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "server runs {} from {}{answer}{grant}; {}",
+                    script(kind, &req),
+                    who(from),
+                    key_text(after, now)
+                )
+            }
+            Msg::Reply { to, slot, reply, .. } => format!(
+                "{}: reply to its {} arrives: {} → {}{}",
+                who(to),
+                slot_name(slot),
+                reply_text(&reply),
+                phase_text(after, usize::from(to), now),
+                follow_up(kind, before, after, to)
+            ),
+            Msg::Grant { to, fence } => format!(
+                "{}: reads hand-over \"g {to} {fence}\" → {}{}",
+                who(to.client),
+                phase_text(after, usize::from(to.client), now),
+                follow_up(kind, before, after, to.client)
+            ),
+        },
+        Action::Lose(i) => match before.net[i] {
+            Msg::Request { from, req, .. } => {
+                format!("network loses {}'s request {}", who(from), script(kind, &req))
+            }
+            Msg::Reply { to, slot, reply, .. } => format!(
+                "network loses the reply to {}'s {} ({})",
+                who(to),
+                slot_name(slot),
+                reply_text(&reply)
+            ),
+            Msg::Grant { to, fence } => format!("network loses hand-over \"g {to} {fence}\""),
+        },
+        Action::Timeout(c, slot) => format!(
+            "{}: no reply to its {} in time; {}",
+            who(c),
+            slot_name(slot),
+            match (slot, after.clients[usize::from(c)].phase) {
+                (Slot::Renew, _) => "the renewal counts as failed".to_string(),
+                (Slot::HandOff, _) => format!(
+                    "the waiting task gets the turn and sends {}",
+                    last_request(kind, before, after, c)
+                ),
+                _ => format!("retries: sends {}", last_request(kind, before, after, c)),
+            }
+        ),
+        Action::Renew(c) | Action::Extend(c) => format!(
+            "{}: {} sends {}",
+            who(c),
+            if matches!(action, Action::Renew(_)) {
+                "renewal task"
+            } else {
+                "extend()"
+            },
+            last_request(kind, before, after, c)
+        ),
+        Action::Release(c) => {
+            let step = match after.clients[usize::from(c)].phase {
+                Phase::Releasing {
+                    step: ReleaseStep::Get,
+                    ..
+                } => " (first step)",
+                _ => "",
+            };
+            format!(
+                "{}: release(): its lease ends for it; sends {}{step}",
+                who(c),
+                last_request(kind, before, after, c)
+            )
+        }
+        Action::Drop(c) => format!(
+            "{}: drops its guard; {}",
+            who(c),
+            background(kind, before, after, c)
+        ),
+        Action::HandOver(c) => format!(
+            "{}: releases while another of its tasks waits; sends {}",
+            who(c),
+            last_request(kind, before, after, c)
+        ),
+        Action::SendExpire(c) => format!("{}: sends PEXPIRE key (second step of its acquire)", who(c)),
+        Action::Write(c) => {
+            let Phase::Holding(h) = before.clients[usize::from(c)].phase else {
+                unreachable!("writes come from guards");
+            };
+            let fence = h.fence.expect("fenced");
+            let lease = if h.believes() {
+                "its lease valid"
+            } else {
+                "its lease no longer valid (a pause, or a slow write)"
+            };
+            let verdict = if after.resource.interleaved && !before.resource.interleaved {
+                "ACCEPTED, interleaved with another holder's writes with the same token"
+            } else if after.resource.last == Some(h.token) && after.resource.highest == Some(fence) {
+                "accepted"
+            } else {
+                "refused (a higher fence was seen)"
+            };
+            format!(
+                "{}: writes to the resource with fence {fence}, {lease}: {verdict}",
+                who(c)
+            )
+        }
+        Action::Crash(c) => format!("{}: CRASHES", who(c)),
+        Action::LoseCounter => "the fencing counter key expires (the floor remains)".to_string(),
+    }
+}
+
+/// The request a step sent for client `c`, as text.
+fn last_request(kind: Kind, before: &State, after: &State, c: u8) -> String {
+    added(before, after)
+        .iter()
+        .find_map(|m| match m {
+            Msg::Request { from, req, .. } if *from == c => Some(script(kind, req)),
+            _ => None,
+        })
+        .unwrap_or_else(|| "nothing".to_string())
+}
+
+fn background(kind: Kind, before: &State, after: &State, c: u8) -> String {
+    let new: Vec<String> = added(before, after)
+        .iter()
+        .filter_map(|m| match m {
+            Msg::Request {
+                from,
+                slot: Slot::Background,
+                req,
+                ..
+            } if *from == c => Some(script(kind, req)),
+            _ => None,
+        })
+        .collect();
+    if new.is_empty() {
+        "nothing to undo".to_string()
+    } else {
+        format!("sends {} in the background", new.join(", "))
+    }
+}
+
+/// The messages a step put in flight. (A request that was there before and only
+/// stopped being waited for is not new.)
+fn added(before: &State, after: &State) -> Vec<Msg> {
+    let key = |m: &Msg| match *m {
+        Msg::Request { from, req, .. } => Msg::Request {
+            from,
+            slot: Slot::Background,
+            age: 0,
+            req,
+        },
+        other => other,
+    };
+    let mut old: Vec<Msg> = before.net.iter().map(key).collect();
+    let mut new = Vec::new();
+    for m in &after.net {
+        match old.iter().position(|o| *o == key(m)) {
+            Some(i) => {
+                old.remove(i);
+            }
+            None => new.push(*m),
+        }
+    }
+    new
+}
+
+/// A request a reply led to (the second step of a release, a confirmation).
+fn follow_up(kind: Kind, before: &State, after: &State, c: u8) -> String {
+    let sent: Vec<String> = added(before, after)
+        .iter()
+        .filter_map(|m| match m {
+            Msg::Request { from, req, .. } if *from == c => Some(script(kind, req)),
+            _ => None,
+        })
+        .collect();
+    if sent.is_empty() {
+        String::new()
+    } else {
+        format!("; sends {}", sent.join(", "))
+    }
+}
+
+fn slot_name(slot: Slot) -> &'static str {
+    match slot {
+        Slot::Attempt => "acquire attempt",
+        Slot::Confirm => "hand-over confirmation",
+        Slot::Renew => "renewal",
+        Slot::Extend => "extend",
+        Slot::Release => "release",
+        Slot::HandOff => "hand-over",
+        Slot::Background => "background request",
+    }
+}
+
+/// What is wrong (or right) in the last state of a trace.
+pub fn summary(model: &LockModel, s: &State, now: u32) -> String {
+    let believers: Vec<String> = (0..s.clients.len())
+        .filter(|&c| s.clients[c].believes())
+        .map(|c| format!("{} {}", client_name(c as u8), phase_text(s, c, now)))
+        .collect();
+    let mut parts = Vec::new();
+    if believers.len() > model.kind.holders() {
+        parts.push(format!(
+            "{} believe they hold at once: {}",
+            believers.len(),
+            believers.join("; ")
+        ));
+    }
+    if s.resource.interleaved {
+        parts.push("the resource accepted two holders' writes with the same fencing token".to_string());
+    }
+    if s.server.misissued {
+        let to = s
+            .server
+            .last_taker
+            .map_or(String::new(), |t| format!(" (it is {t})"));
+        parts.push(format!(
+            "a fencing token went to a client other than the one that took the lock last{to}: \
+             a stale holder's token is above a newer holder's"
+        ));
+    }
+    if let Some(k) = s.server.lock
+        && !s.token_alive(k.token)
+        && k.expires.is_none_or(|e| e > model.timing.max_ttl())
+    {
+        parts.push(format!(
+            "{}, and no one will ever release or renew {}: an orphan",
+            key_text(s, now),
+            k.token
+        ));
+    }
+    if s.lied {
+        let told = (0..s.clients.len())
+            .find_map(|c| match s.clients[c].phase {
+                Phase::Acquiring(a) if s.server.lock.is_some_and(|k| k.token == a.token) => Some(a.token),
+                _ => None,
+            })
+            .map_or(String::new(), |t: Tok| format!(" ({} holds the lock)", t));
+        parts.push(format!(
+            "an acquire was told \"busy\" while its own token held the lock{told}"
+        ));
+    }
+    if parts.is_empty() {
+        parts.push(key_text(s, now));
+    }
+    parts.join("; ")
+}
