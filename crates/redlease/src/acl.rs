@@ -111,7 +111,7 @@ mod tests {
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
              +get +set +del +unlink +exists +incr +pttl +pexpire +publish +time \
-             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore \
+             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zpopmin +zrange +zrangebyscore +zremrangebyscore \
              +hset +hget +hmget +xadd +xlen +xrange +xrevrange"
         );
     }

@@ -290,7 +290,9 @@ mod tests {
             assert!(!body.is_empty());
         }
         assert!(
-            MUTEX_ACQUIRE.code().starts_with("-- mark.lua") && FAIR_STATUS.code().starts_with("-- fence.lua"),
+            MUTEX_ACQUIRE.code().starts_with("-- mark.lua")
+                && FAIR_STATUS.code().starts_with("-- mark.lua")
+                && RW_STATUS.code().starts_with("-- fence.lua"),
             "fencing scripts carry their prelude"
         );
         for script in [&*LEGACY_ACQUIRE, &*LEGACY_RENEW, &*LEGACY_RELEASE] {
