@@ -339,10 +339,17 @@ impl Model for LockModel {
                     "a hand-over is taken without a round trip",
                     Seen::GRANT_TAKEN,
                 ));
+            }
+            // The semaphore hands freed permits to registered waiters too. (In its check
+            // the first hand-over draws the first mark, so none is known before it: the
+            // waiter confirms.)
+            if matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. }) {
                 ps.push(seen(
                     "a hand-over is confirmed by an extend",
                     Seen::GRANT_CONFIRMED,
                 ));
+            }
+            if self.kind == Kind::Mutex {
                 ps.push(seen("a stale hand-over is refused", Seen::GRANT_STALE));
                 ps.push(seen("a local hand-over", Seen::LOCAL_HANDOVER));
             }

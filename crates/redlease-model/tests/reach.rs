@@ -42,6 +42,9 @@ fn election_reaches_a_retry_that_finds_its_own_token() {
 }
 
 #[test]
-fn semaphore_reaches_a_lost_lease() {
-    reaches(checks::semaphore(), &["a lease is lost"]);
+fn semaphore_reaches_a_lost_lease_and_a_hand_over() {
+    reaches(
+        checks::semaphore(),
+        &["a hand-over is confirmed by an extend", "a lease is lost"],
+    );
 }
