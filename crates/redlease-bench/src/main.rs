@@ -58,7 +58,7 @@ enum Worker {
     Worker { spec: String },
 }
 
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "uncontended-sequential",
     "uncontended-parallel-64",
     "contended-1key-16",
@@ -67,6 +67,7 @@ const SCENARIOS: [&str; 8] = [
     "renewal-10k",
     "fair-vs-unfair",
     "semaphore",
+    "semaphore-hold-1ms",
 ];
 
 fn main() -> ExitCode {
@@ -174,6 +175,7 @@ async fn run(args: Args) -> Result<(), String> {
             "renewal-10k" => scenarios::renewal(&bench, &contenders).await,
             "fair-vs-unfair" => scenarios::fair_vs_unfair(&bench).await,
             "semaphore" => scenarios::semaphore(&bench, &contenders).await,
+            "semaphore-hold-1ms" => scenarios::semaphore_hold(&bench, &contenders).await,
             _ => unreachable!(),
         };
         print_outcome(&outcome);

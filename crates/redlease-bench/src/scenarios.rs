@@ -403,8 +403,9 @@ pub async fn uncontended_parallel(b: &Bench, contenders: &[Contender]) -> Outcom
 enum Gate {
     /// One lock; `work_us` outside it and `hold_us` inside it per loop.
     Lock { work_us: u64, hold_us: u64 },
-    /// One permit of a semaphore of `limit` permits, zero hold time.
-    Semaphore { limit: u32 },
+    /// One permit of a semaphore of `limit` permits; `work_us` outside it and `hold_us`
+    /// holding it per loop.
+    Semaphore { limit: u32, work_us: u64, hold_us: u64 },
 }
 
 /// 16 tasks in 2 OS processes (8 each, one client per process) contend for one name
@@ -467,7 +468,31 @@ pub async fn semaphore(b: &Bench, contenders: &[Contender]) -> Outcome {
         .copied()
         .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
         .collect();
-    contention(b, "semaphore", &contenders, Gate::Semaphore { limit: 4 }).await
+    let gate = Gate::Semaphore {
+        limit: 4,
+        work_us: 0,
+        hold_us: 0,
+    };
+    contention(b, "semaphore", &contenders, gate).await
+}
+
+/// The semaphore with real work, as `contended-hold-1ms` is for the lock: 16 tasks in
+/// 2 processes share a 4-permit semaphore, each loop working 1 ms outside it and holding
+/// a permit 1 ms (on the same `timerfd` sleeps). The permits are wanted far more than
+/// they are free, so the ideal semaphore never has one idle: `utilization` =
+/// acquisitions/s × measured mean hold ÷ 4. Op: one permit acquired and released.
+pub async fn semaphore_hold(b: &Bench, contenders: &[Contender]) -> Outcome {
+    let contenders: Vec<Contender> = contenders
+        .iter()
+        .copied()
+        .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
+        .collect();
+    let gate = Gate::Semaphore {
+        limit: 4,
+        work_us: 1000,
+        hold_us: 1000,
+    };
+    contention(b, "semaphore-hold-1ms", &contenders, gate).await
 }
 
 /// Workers per contention round and tasks per worker.
@@ -508,7 +533,11 @@ async fn contention(b: &Bench, scenario: &str, contenders: &[Contender], gate: G
                     work_us,
                     hold_us,
                 },
-                Gate::Semaphore { limit } => Job::Semaphore {
+                Gate::Semaphore {
+                    limit,
+                    work_us,
+                    hold_us,
+                } => Job::Semaphore {
                     contender: c,
                     url: b.url.clone(),
                     name,
@@ -516,6 +545,8 @@ async fn contention(b: &Bench, scenario: &str, contenders: &[Contender], gate: G
                     tasks: TASKS_PER_PROCESS,
                     start_unix_ms,
                     duration_ms,
+                    work_us,
+                    hold_us,
                 },
             };
             let workers = spawn_workers(&vec![job; PROCESSES], LEAD + plan.round + WORKER_SLACK);
@@ -582,9 +613,16 @@ async fn contention(b: &Bench, scenario: &str, contenders: &[Contender], gate: G
                     .or_default()
                     .push(cmds as f64 / acquisitions as f64);
             }
-            if matches!(gate, Gate::Lock { hold_us, .. } if hold_us > 0) {
+            let (hold_us, units) = match gate {
+                Gate::Lock { hold_us, .. } => (hold_us, 1.0),
+                Gate::Semaphore { limit, hold_us, .. } => (hold_us, f64::from(limit)),
+            };
+            if hold_us > 0 {
                 let held_us: f64 = reports.iter().map(|r| r.hold_us_total).sum();
-                utilization.entry(c).or_default().push(held_us / 1e6 / round_secs);
+                utilization
+                    .entry(c)
+                    .or_default()
+                    .push(held_us / 1e6 / round_secs / units);
                 if acquisitions > 0 {
                     hold_mean
                         .entry(c)

@@ -34,7 +34,8 @@ pub enum Job {
         hold_us: u64,
     },
     /// `tasks` tasks on one client loop acquire/release of one permit of the `limit`-permit
-    /// semaphore `name` with zero hold time.
+    /// semaphore `name`, working `work_us` outside it and holding it `hold_us` (both
+    /// zero: back to back).
     Semaphore {
         contender: Contender,
         url: String,
@@ -43,6 +44,10 @@ pub enum Job {
         tasks: usize,
         start_unix_ms: u64,
         duration_ms: u64,
+        #[serde(default)]
+        work_us: u64,
+        #[serde(default)]
+        hold_us: u64,
     },
     /// Holds `leases` locks with `ttl_ms` leases, renewed every ttl/3, for `duration_ms`.
     Renewal {
@@ -119,13 +124,19 @@ pub async fn run(job: Job) -> Report {
             tasks,
             start_unix_ms,
             duration_ms,
+            work_us,
+            hold_us,
         } => {
             let gate = match Permitter::connect(contender, &url).await {
                 Ok(Some(p)) => Ok(Gate::Semaphore(p, limit)),
                 Ok(None) => Err(format!("{} has no semaphore", contender.name())),
                 Err(e) => Err(e),
             };
-            contended(gate, &name, tasks, start_unix_ms, duration_ms, Pace::default()).await
+            let pace = Pace {
+                work: Duration::from_micros(work_us),
+                hold: Duration::from_micros(hold_us),
+            };
+            contended(gate, &name, tasks, start_unix_ms, duration_ms, pace).await
         }
         Job::Renewal {
             contender,
