@@ -463,11 +463,7 @@ pub async fn fair_vs_unfair(b: &Bench) -> Outcome {
 /// spin-polled sorted-set semaphore against redlease's. Op: one permit acquired (in
 /// the window) and released without error.
 pub async fn semaphore(b: &Bench, contenders: &[Contender]) -> Outcome {
-    let contenders: Vec<Contender> = contenders
-        .iter()
-        .copied()
-        .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
-        .collect();
+    let contenders = with_a_semaphore(contenders);
     let gate = Gate::Semaphore {
         limit: 4,
         work_us: 0,
@@ -482,17 +478,22 @@ pub async fn semaphore(b: &Bench, contenders: &[Contender]) -> Outcome {
 /// they are free, so the ideal semaphore never has one idle: `utilization` =
 /// acquisitions/s × measured mean hold ÷ 4. Op: one permit acquired and released.
 pub async fn semaphore_hold(b: &Bench, contenders: &[Contender]) -> Outcome {
-    let contenders: Vec<Contender> = contenders
-        .iter()
-        .copied()
-        .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
-        .collect();
+    let contenders = with_a_semaphore(contenders);
     let gate = Gate::Semaphore {
         limit: 4,
         work_us: 1000,
         hold_us: 1000,
     };
     contention(b, "semaphore-hold-1ms", &contenders, gate).await
+}
+
+/// The contenders that have a semaphore.
+fn with_a_semaphore(contenders: &[Contender]) -> Vec<Contender> {
+    contenders
+        .iter()
+        .copied()
+        .filter(|c| matches!(c, Contender::Raw | Contender::Redlease))
+        .collect()
 }
 
 /// Workers per contention round and tasks per worker.
