@@ -39,6 +39,16 @@ async fn values(servers: &[RedisServer], key: &str) -> Vec<Option<String>> {
     out
 }
 
+/// Waits until no running master holds a key. A release returns once a majority
+/// released; the other masters follow in the background.
+async fn all_released(servers: &[RedisServer]) {
+    let none = vec![0; servers.iter().filter(|s| s.is_running()).count()];
+    eventually(5.0, "every master released", || async {
+        key_counts(servers).await == none
+    })
+    .await;
+}
+
 async fn key_counts(servers: &[RedisServer]) -> Vec<usize> {
     let mut out = Vec::new();
     for s in servers.iter().filter(|s| s.is_running()) {
@@ -104,8 +114,12 @@ async fn all_masters_up_lock_excludes_and_releases_everywhere() {
     );
 
     guard.release().await.unwrap();
-    assert_eq!(values(&servers, KEY).await, vec![None; 3]);
-    assert_eq!(key_counts(&servers).await, vec![0; 3]);
+    let released = values(&servers, KEY).await.iter().filter(|v| v.is_none()).count();
+    assert!(
+        released >= 2,
+        "a majority released before the call returned: {released}"
+    );
+    all_released(&servers).await;
     println!("redlock acquire with 3 of 3 masters up: {took:?}");
 }
 
@@ -457,7 +471,7 @@ async fn contention_never_overlaps_and_makes_progress() {
     })
     .await;
     assert_eq!(done.load(Ordering::SeqCst), 40);
-    assert_eq!(key_counts(&servers).await, vec![0, 0, 0]);
+    all_released(&servers).await;
     println!(
         "40 contended redlock acquisitions by 8 tasks in 4 clients: {:?}",
         t.elapsed()
@@ -506,8 +520,7 @@ async fn cancelled_lock_leaves_no_keys() {
     waiting.abort();
     let _ = waiting.await;
     held.release().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(key_counts(&servers).await, vec![0, 0, 0]);
+    all_released(&servers).await;
 
     // Dropped guard: released in the background on every master.
     let guard = b.mutex("job").unwrap().lock().await.unwrap();
