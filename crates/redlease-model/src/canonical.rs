@@ -5,7 +5,7 @@ use crate::client::Phase;
 use crate::config::Fence;
 use crate::model::{LockModel, State};
 use crate::net::{Msg, Reply, Req, Slot};
-use crate::server::Counter;
+use crate::server::{Counter, SMALL};
 
 impl LockModel {
     /// Canonical form, so that states that behave the same are one state: requests
@@ -72,27 +72,39 @@ impl LockModel {
 /// then lands between the counter and the next value above it, as it does in Redis,
 /// where the floor is far above the counter). Runs that differ only by how many tokens
 /// were issued on the way become one.
+///
+/// [`SMALL`] (an unseeded counter read as a mark) stays as it is: the scripts produce it
+/// as a constant, so it must mean the same in every state.
 pub fn canonical_fences(s: &mut State) {
+    let values = fence_values(s);
+    visit_fences(s, &mut |f| *f = canonical_fence(&values, *f));
+}
+
+/// The distinct fencing tokens of `s` but [`SMALL`], sorted.
+fn fence_values(s: &mut State) -> Vec<Fence> {
     let mut values = Vec::new();
-    visit_fences(s, &mut |f| values.push(*f));
+    visit_fences(s, &mut |f| {
+        if *f != SMALL {
+            values.push(*f);
+        }
+    });
     values.sort_unstable();
     values.dedup();
-    visit_fences(s, &mut |f| *f = canonical_fence(&values, *f));
+    values
 }
 
 /// What `fence` becomes when the state's fencing tokens are `values` (sorted).
 fn canonical_fence(values: &[Fence], fence: Fence) -> Fence {
+    if fence == SMALL {
+        return SMALL;
+    }
     let rank = values.binary_search(&fence).expect("a fence of the state") as Fence;
     2 * (rank + 1)
 }
 
 /// The message `m` of state `s` as it reads once `s` is renumbered.
 pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
-    let mut copy = s.clone();
-    let mut values = Vec::new();
-    visit_fences(&mut copy, &mut |f| values.push(*f));
-    values.sort_unstable();
-    values.dedup();
+    let values = fence_values(&mut s.clone());
     let mut m = *m;
     match &mut m {
         Msg::Grant { fence, .. } => *fence = canonical_fence(&values, *fence),

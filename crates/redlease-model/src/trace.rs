@@ -80,7 +80,12 @@ fn replay(model: &LockModel, path: &Path<State, Action>) -> Vec<(State, Option<A
             raw.net
                 .iter()
                 .position(|r| canonical_msg(&raw, r) == m)
-                .expect("the same messages in flight")
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the same messages in flight: {m:?} not in {:?}\nraw {raw:?}\ncanonical {state:?}",
+                        raw.net.iter().map(|r| canonical_msg(&raw, r)).collect::<Vec<_>>()
+                    )
+                })
         };
         let raw_action = match action {
             Action::Deliver(i) => Action::Deliver(translate(i)),
