@@ -28,7 +28,7 @@ fn renumbered(s: &State) -> State {
 
 #[test]
 fn renumbering_fencing_tokens_changes_nothing() {
-    let mut rng = Lcg(0x5eed_0f_7e57);
+    let mut rng = Lcg(0x2545_f491_4f6c_dd1d);
     let mut steps = 0;
     for check in checks::ci() {
         for variant in std::iter::once(Variant::Real).chain(Variant::BROKEN) {
