@@ -73,7 +73,7 @@ impl LockModel {
 /// where the floor is far above the counter). Runs that differ only by how many tokens
 /// were issued on the way become one.
 ///
-/// [`SMALL`] (an unseeded counter read as a mark) stays as it is: the scripts produce it
+/// [`SMALL`] (a counter not started yet, read as a mark) stays as it is: the scripts produce it
 /// as a constant, so it must mean the same in every state.
 pub fn canonical_fences(s: &mut State) {
     let values = fence_values(s);
@@ -126,7 +126,7 @@ pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
 /// Calls `f` on every fencing token in the state.
 fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
     let server = &mut s.server;
-    if let Counter::Seeded(c) = &mut server.counter {
+    if let Counter::Started(c) = &mut server.counter {
         f(c);
     }
     for v in [&mut server.floor, &mut s.resource.highest].into_iter().flatten() {

@@ -177,10 +177,10 @@ pub struct Rules {
     /// fencing mark of the waiter's last busy attempt (`engine/acquire.rs`, commit
     /// 353cd23). Without it: only the claim window's timing is checked.
     pub stale_grant_check: bool,
-    /// The fencing mark is the counter only once a script seeded it (`mark.lua`,
+    /// The fencing mark is the counter only once a script started it (`mark.lua`,
     /// `fence_mark`, commit 8d1a808). Without it: a counter that the pipelined `INCR`
     /// made after it expired, reading a few units, is taken for the mark.
-    pub seeded_mark: bool,
+    pub started_mark: bool,
 }
 
 impl Rules {
@@ -192,7 +192,7 @@ impl Rules {
         drift_margin: true,
         idempotent_retry: true,
         stale_grant_check: true,
-        seeded_mark: true,
+        started_mark: true,
     };
 }
 
@@ -213,8 +213,8 @@ pub enum Variant {
     NoIdempotentRetry,
     /// A hand-over is taken on the claim window's timing alone (before commit 353cd23).
     NoStaleGrantCheck,
-    /// An unseeded counter is taken for the fencing mark (before commit 8d1a808).
-    UnseededMark,
+    /// A counter not started yet is taken for the fencing mark (before commit 8d1a808).
+    UnstartedMark,
 }
 
 impl Variant {
@@ -226,7 +226,7 @@ impl Variant {
         Variant::NoDriftMargin,
         Variant::NoIdempotentRetry,
         Variant::NoStaleGrantCheck,
-        Variant::UnseededMark,
+        Variant::UnstartedMark,
     ];
 
     pub fn rules(self) -> Rules {
@@ -257,8 +257,8 @@ impl Variant {
                 stale_grant_check: false,
                 ..real
             },
-            Variant::UnseededMark => Rules {
-                seeded_mark: false,
+            Variant::UnstartedMark => Rules {
+                started_mark: false,
                 ..real
             },
         }
@@ -281,7 +281,7 @@ impl fmt::Display for Variant {
             Variant::NoStaleGrantCheck => {
                 "a hand-over taken on the claim window's timing alone (before 353cd23)"
             }
-            Variant::UnseededMark => "an unseeded fencing counter taken for the mark (before 8d1a808)",
+            Variant::UnstartedMark => "a fencing counter not started yet taken for the mark (before 8d1a808)",
         })
     }
 }

@@ -107,7 +107,7 @@ pub enum Stage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reply {
     /// The pipeline's replies: whether the `SET` set, and the `INCR`'s fencing token
-    /// (`None`: the counter was not seeded — a few units).
+    /// (`None`: the counter was not started yet — a few units).
     Pipeline { taken: bool, fence: Option<Fence> },
     /// Acquired (or handed over): `fence` / `1` for a lease of the full TTL, or
     /// `{1, fence, pttl}` — already ours, with `pttl` left (`None`: the key has no TTL).

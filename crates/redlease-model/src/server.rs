@@ -18,17 +18,17 @@ pub struct Key {
 /// `mark.lua`'s fencing counter of the lock's hash slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Counter {
-    /// Expired (it lives `COUNTER_MS` from its seed), or never made.
+    /// Expired (it lives `COUNTER_MS` from when it was started), or never made.
     #[default]
     Missing,
-    /// Made by the plain mutex's pipelined `INCR` after it expired, not seeded yet: it
-    /// reads a few units, below `SEEDED` and every token ever issued.
-    Unseeded,
-    /// Seeded, at this value.
-    Seeded(Fence),
+    /// Made by the plain mutex's pipelined `INCR` after it expired, not started yet: it
+    /// reads a few units, below every token ever issued (and below the threshold `mark.lua` checks).
+    Unstarted,
+    /// Started, at this value.
+    Started(Fence),
 }
 
-/// A fencing mark below every token ever issued: what an unseeded counter reads.
+/// A fencing mark below every token ever issued: what a counter not started yet reads.
 pub const SMALL: Fence = 0;
 
 /// What the server holds for one lock.
@@ -37,7 +37,7 @@ pub struct Server {
     pub lock: Option<Key>,
     /// The fencing counter; it expires (see `Bounds::counter_losses`).
     pub counter: Counter,
-    /// `mark.lua`'s floor: above every token the current seed can lead to. Lives a day:
+    /// `mark.lua`'s floor: above every token the current start can lead to. Lives a day:
     /// never lost within a run.
     pub floor: Option<Fence>,
     /// `{<lock key>}:q`: the registered waiters, in the order `ZRANGE` gives: by
@@ -57,7 +57,7 @@ pub struct Server {
     pub misissued: bool,
 }
 
-/// What `mark.lua`'s floor is set above a seed: more tokens than one counter can issue
+/// What `mark.lua`'s floor is set above a start value: more tokens than one counter can issue
 /// in its life (in Redis, its second of life at one token per microsecond).
 const FLOOR_GAP: Fence = 100;
 
@@ -88,54 +88,54 @@ impl Server {
     }
 
     /// `mark.lua`, `take_fence`: INCR the counter; a counter that is missing or not
-    /// seeded is seeded above the floor, and the floor moved above what the new counter
+    /// started is started above the floor, and the floor moved above what the new counter
     /// can reach.
     fn take_fence(&mut self, to: Tok) -> Fence {
         self.issue(to);
         match self.counter {
-            Counter::Seeded(c) => {
-                self.counter = Counter::Seeded(c + 1);
+            Counter::Started(c) => {
+                self.counter = Counter::Started(c + 1);
                 c + 1
             }
-            Counter::Missing | Counter::Unseeded => {
+            Counter::Missing | Counter::Unstarted => {
                 // max(server time in µs, floor + 1): the time part only matters when
                 // the floor is gone too, which a run never sees.
-                let seed = self.floor.map_or(1, |f| f + 1);
-                self.counter = Counter::Seeded(seed);
-                self.floor = Some(seed + FLOOR_GAP);
-                seed
+                let start = self.floor.map_or(1, |f| f + 1);
+                self.counter = Counter::Started(start);
+                self.floor = Some(start + FLOOR_GAP);
+                start
             }
         }
     }
 
     /// The plain mutex's pipelined `INCR` (`Mutex::acquire_free`): a fencing token when
-    /// the counter is seeded, else `None` (it reads a few units: the script must seed
+    /// the counter is started, else `None` (it reads a few units: the script must start
     /// it).
     fn pipelined_incr(&mut self, to: Tok, taken: bool) -> Option<Fence> {
         match self.counter {
-            Counter::Seeded(c) => {
+            Counter::Started(c) => {
                 // A fencing token only if the pipeline's SET took the lock (else the
                 // client does not use it).
                 if taken {
                     self.issue(to);
                 }
-                self.counter = Counter::Seeded(c + 1);
+                self.counter = Counter::Started(c + 1);
                 Some(c + 1)
             }
-            Counter::Missing | Counter::Unseeded => {
-                self.counter = Counter::Unseeded;
+            Counter::Missing | Counter::Unstarted => {
+                self.counter = Counter::Unstarted;
                 None
             }
         }
     }
 
-    /// `mark.lua`, `fence_mark`: the counter while it is seeded, else the floor. (The
-    /// variant before 8d1a808 takes an unseeded counter's few units for the mark.)
+    /// `mark.lua`, `fence_mark`: the counter once started, else the floor. (The
+    /// variant before 8d1a808 takes a counter's few units for the mark before it was started.)
     fn fence_mark(&self, rules: &Rules) -> Option<Fence> {
         match self.counter {
-            Counter::Seeded(c) => Some(c),
-            Counter::Unseeded if !rules.seeded_mark => Some(SMALL),
-            Counter::Missing | Counter::Unseeded => self.floor,
+            Counter::Started(c) => Some(c),
+            Counter::Unstarted if !rules.started_mark => Some(SMALL),
+            Counter::Missing | Counter::Unstarted => self.floor,
         }
     }
 

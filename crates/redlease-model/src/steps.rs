@@ -318,7 +318,7 @@ impl LockModel {
                 }
                 Reply::Pipeline { .. } => {
                     // Held by someone else (or by us: a retried SET after a lost reply),
-                    // or ours with a counter to seed: the acquire script answers.
+                    // or ours with a counter to start: the acquire script answers.
                     a.attempt = None;
                     s.clients[c].phase = Phase::Acquiring(a);
                     self.send_attempt(s, c, Attempt::Script);

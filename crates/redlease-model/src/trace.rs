@@ -169,7 +169,7 @@ fn reply_text(reply: &Reply) -> String {
         Reply::Pipeline {
             taken: true,
             fence: None,
-        } => "SET: OK, INCR: a few units (the counter is not seeded)".to_string(),
+        } => "SET: OK, INCR: a few units (the counter is not started yet)".to_string(),
         Reply::Acquired { fence, pttl: None } => match fence {
             Some(f) => format!("acquired, fence {f}"),
             None => "acquired".to_string(),

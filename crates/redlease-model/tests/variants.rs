@@ -78,9 +78,9 @@ fn without_the_stale_grant_check_a_stalled_waiter_takes_an_old_hand_over() {
 }
 
 #[test]
-fn with_an_unseeded_counter_for_the_mark_a_stalled_waiter_takes_an_old_hand_over() {
-    let trace = counterexample(Variant::UnseededMark);
-    assert!(trace.contains("the counter is not seeded"), "{trace}");
+fn with_a_counter_not_started_for_the_mark_a_stalled_waiter_takes_an_old_hand_over() {
+    let trace = counterexample(Variant::UnstartedMark);
+    assert!(trace.contains("the counter is not started yet"), "{trace}");
     assert!(trace.contains("reads hand-over"), "{trace}");
     assert!(trace.contains("2 believe they hold at once"), "{trace}");
 }
