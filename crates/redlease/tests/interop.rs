@@ -97,16 +97,7 @@ async fn waiter_gets_in_soon_after(peer: &str) {
             (guard, Instant::now())
         }
     });
-    let q = format!("{{{key}}}:q");
-    eventually(5.0, "the waiter registered", || {
-        let mut conn = conn.clone();
-        let q = q.clone();
-        async move {
-            let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
-            n == 1
-        }
-    })
-    .await;
+    until_registered(&conn, &key, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await; // the peer holds on a while
     assert!(!waiter.is_finished(), "{peer} still holds the lock");
     let mut stdin = child.stdin.take().unwrap();

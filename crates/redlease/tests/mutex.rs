@@ -903,16 +903,7 @@ async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
         });
         // The waiter has registered (and found the holder foreign) before the holder
         // lets go.
-        let q = format!("{{{key}}}:q");
-        eventually(5.0, "the waiter registered", || {
-            let mut conn = conn.clone();
-            let q = q.clone();
-            async move {
-                let n: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
-                n == 1
-            }
-        })
-        .await;
+        until_registered(&conn, &key, 1).await;
         tokio::time::sleep(Duration::from_millis(300)).await; // into the longer polls
         assert!(!waiter.is_finished(), "{name}: the foreign holder still holds");
         del(&mut conn, &[&key]).await;

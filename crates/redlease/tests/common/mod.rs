@@ -107,6 +107,20 @@ pub fn assert_mark(mark: Option<redlease::FencingToken>, fence: redlease::Fencin
     );
 }
 
+/// Waits (at most 5 s) until `n` waiters are registered on the plain mutex whose key is
+/// `key` (its `{<key>}:q` set).
+pub async fn until_registered(conn: &redis::aio::MultiplexedConnection, key: &str, n: i64) {
+    let q = format!("{{{key}}}:q");
+    eventually(5.0, &format!("{n} waiters registered on {key}"), || {
+        let (mut conn, q) = (conn.clone(), q.clone());
+        async move {
+            let registered: i64 = redis::cmd("ZCARD").arg(&q).query_async(&mut conn).await.unwrap();
+            registered == n
+        }
+    })
+    .await;
+}
+
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx]
