@@ -20,6 +20,7 @@ fn main() {
         Some("no-idempotent-retry") => Variant::NoIdempotentRetry,
         Some("no-stale-grant-check") => Variant::NoStaleGrantCheck,
         Some("unstarted-mark") => Variant::UnstartedMark,
+        Some("confirmed-grant-fence") => Variant::ConfirmedGrantFence,
         Some(other) => {
             eprintln!("error: unknown variant {other}");
             std::process::exit(2);

@@ -129,7 +129,15 @@ fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
     if let Counter::Started(c) = &mut server.counter {
         f(c);
     }
-    for v in [&mut server.floor, &mut s.resource.highest].into_iter().flatten() {
+    for v in [
+        &mut server.floor,
+        &mut server.issued,
+        &mut server.take_floor,
+        &mut s.resource.highest,
+    ]
+    .into_iter()
+    .flatten()
+    {
         f(v);
     }
     if let Some(key) = &mut server.lock

@@ -209,6 +209,7 @@ pub fn for_variant(variant: Variant) -> (Check, &'static str) {
         Variant::NoIdempotentRetry => (mutex_lost_messages(), property::TRUTHFUL),
         Variant::NoStaleGrantCheck => (mutex_contention(), property::MUTUAL_EXCLUSION),
         Variant::UnstartedMark => (mutex_counter(), property::MUTUAL_EXCLUSION),
+        Variant::ConfirmedGrantFence => (mutex_contention(), property::FENCING),
     }
 }
 

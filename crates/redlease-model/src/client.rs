@@ -55,7 +55,8 @@ pub struct Acquiring {
     /// How long ago the last attempt that found the lock busy was sent, and the fencing mark it saw (`last_busy`). Also: the waiter has
     /// subscribed, so it hears hand-overs.
     pub last_busy: Option<(Time, Option<Fence>)>,
-    /// A hand-over with this fence is being confirmed by an extend.
+    /// Broken variant (before 8da374b): a hand-over with this fence is being confirmed
+    /// by an extend.
     pub confirm: Option<Fence>,
 }
 

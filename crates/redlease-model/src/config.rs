@@ -177,6 +177,11 @@ pub struct Rules {
     /// fencing mark of the waiter's last busy attempt (`engine/acquire.rs`, commit
     /// 353cd23). Without it: only the claim window's timing is checked.
     pub stale_grant_check: bool,
+    /// A hand-over the waiter cannot rely on makes it try again at once, and the
+    /// acquire script gives it a fresh fencing token (`engine/acquire.rs`, `on_grant`,
+    /// commit 8da374b). Without it: the hand-over is confirmed by an extend, and the
+    /// waiter holds with the hand-over's own token.
+    pub retry_unreliable_grant: bool,
     /// The fencing mark is the counter only once a script started it (`mark.lua`,
     /// `fence_mark`, commit 8d1a808). Without it: a counter that the pipelined `INCR`
     /// made after it expired, reading a few units, is taken for the mark.
@@ -192,6 +197,7 @@ impl Rules {
         drift_margin: true,
         idempotent_retry: true,
         stale_grant_check: true,
+        retry_unreliable_grant: true,
         started_mark: true,
     };
 }
@@ -215,11 +221,14 @@ pub enum Variant {
     NoStaleGrantCheck,
     /// A counter not started yet is taken for the fencing mark (before commit 8d1a808).
     UnstartedMark,
+    /// A hand-over the waiter cannot rely on is confirmed by an extend and kept with its
+    /// own fencing token (before commit 8da374b).
+    ConfirmedGrantFence,
 }
 
 impl Variant {
     /// Every broken variant.
-    pub const BROKEN: [Variant; 7] = [
+    pub const BROKEN: [Variant; 8] = [
         Variant::NoReplyOrdering,
         Variant::SetNxThenExpire,
         Variant::GetThenDel,
@@ -227,6 +236,7 @@ impl Variant {
         Variant::NoIdempotentRetry,
         Variant::NoStaleGrantCheck,
         Variant::UnstartedMark,
+        Variant::ConfirmedGrantFence,
     ];
 
     pub fn rules(self) -> Rules {
@@ -261,6 +271,10 @@ impl Variant {
                 started_mark: false,
                 ..real
             },
+            Variant::ConfirmedGrantFence => Rules {
+                retry_unreliable_grant: false,
+                ..real
+            },
         }
     }
 }
@@ -282,6 +296,9 @@ impl fmt::Display for Variant {
                 "a hand-over taken on the claim window's timing alone (before 353cd23)"
             }
             Variant::UnstartedMark => "a fencing counter not started yet taken for the mark (before 8d1a808)",
+            Variant::ConfirmedGrantFence => {
+                "an unreliable hand-over confirmed by an extend, with its own fencing token (before 8da374b)"
+            }
         })
     }
 }

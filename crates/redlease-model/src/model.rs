@@ -87,6 +87,9 @@ pub struct State {
     pub resource: Resource,
     /// An acquire was told the lock is busy while its own token held it.
     pub lied: bool,
+    /// A client came to believe it holds with a fencing token below one issued before
+    /// it took the lock: its writes would be refused in favour of an earlier holder's.
+    pub fence_behind: bool,
     /// Rare outcomes reached (see [`Seen`]).
     pub seen: u8,
 }
@@ -97,7 +100,7 @@ pub struct Seen;
 
 impl Seen {
     pub const GRANT_TAKEN: u8 = 1;
-    pub const GRANT_CONFIRMED: u8 = 1 << 1;
+    pub const GRANT_RETRIED: u8 = 1 << 1;
     pub const GRANT_STALE: u8 = 1 << 2;
     pub const LOCAL_HANDOVER: u8 = 1 << 3;
     pub const OWN_TOKEN: u8 = 1 << 4;
@@ -222,6 +225,7 @@ impl Model for LockModel {
             },
             resource: Resource::default(),
             lied: false,
+            fence_behind: false,
             seen: 0,
         }]
     }
@@ -307,7 +311,7 @@ impl Model for LockModel {
                 s.believers() <= m.kind.holders()
             }),
             Property::always(property::FENCING, |_, s: &State| {
-                !s.resource.interleaved && !s.server.misissued
+                !s.resource.interleaved && !s.server.misissued && !s.fence_behind
             }),
             Property::always(property::NO_ORPHAN, |m: &LockModel, s: &State| no_orphan(m, s)),
             Property::always(property::TRUTHFUL, |_, s: &State| !s.lied),
@@ -317,7 +321,7 @@ impl Model for LockModel {
                 // Property conditions are plain functions: one per bit.
                 let f: fn(&LockModel, &State) -> bool = match bit {
                     Seen::GRANT_TAKEN => |_, s| s.seen & Seen::GRANT_TAKEN != 0,
-                    Seen::GRANT_CONFIRMED => |_, s| s.seen & Seen::GRANT_CONFIRMED != 0,
+                    Seen::GRANT_RETRIED => |_, s| s.seen & Seen::GRANT_RETRIED != 0,
                     Seen::GRANT_STALE => |_, s| s.seen & Seen::GRANT_STALE != 0,
                     Seen::LOCAL_HANDOVER => |_, s| s.seen & Seen::LOCAL_HANDOVER != 0,
                     Seen::OWN_TOKEN => |_, s| s.seen & Seen::OWN_TOKEN != 0,
@@ -340,10 +344,10 @@ impl Model for LockModel {
                     Seen::GRANT_TAKEN,
                 ));
                 ps.push(seen(
-                    "a hand-over is confirmed by an extend",
-                    Seen::GRANT_CONFIRMED,
+                    "a hand-over too late in its claim window is not relied on",
+                    Seen::GRANT_RETRIED,
                 ));
-                ps.push(seen("a stale hand-over is refused", Seen::GRANT_STALE));
+                ps.push(seen("a stale hand-over is not relied on", Seen::GRANT_STALE));
                 ps.push(seen("a local hand-over", Seen::LOCAL_HANDOVER));
             }
         }

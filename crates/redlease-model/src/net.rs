@@ -130,7 +130,7 @@ pub enum Reply {
 pub enum Slot {
     /// An acquire attempt.
     Attempt,
-    /// The extend that confirms a hand-over before it is relied on.
+    /// Broken variant (before 8da374b): the extend that confirms a hand-over.
     Confirm,
     /// The renewal task's renewal.
     Renew,

@@ -52,6 +52,11 @@ pub struct Server {
     pub permits: Vec<(Tok, Time)>,
     /// Not in Redis: the token that took the lock (became the key's holder) last.
     pub last_taker: Option<Tok>,
+    /// Not in Redis: the highest fencing token issued so far.
+    pub issued: Option<Fence>,
+    /// Not in Redis: the highest fencing token issued before the last taker took the
+    /// lock — a token it holds with, believing it holds, must be above it.
+    pub take_floor: Option<Fence>,
     /// Not in Redis: a fencing token was issued to a token other than the one that
     /// took the lock last — so tokens may not rise in the order holders took the lock.
     pub misissued: bool,
@@ -91,21 +96,19 @@ impl Server {
     /// started is started above the floor, and the floor moved above what the new counter
     /// can reach.
     fn take_fence(&mut self, to: Tok) -> Fence {
-        self.issue(to);
-        match self.counter {
-            Counter::Started(c) => {
-                self.counter = Counter::Started(c + 1);
-                c + 1
-            }
+        let fence = match self.counter {
+            Counter::Started(c) => c + 1,
             Counter::Missing | Counter::Unstarted => {
                 // max(server time in µs, floor + 1): the time part only matters when
                 // the floor is gone too, which a run never sees.
                 let start = self.floor.map_or(1, |f| f + 1);
-                self.counter = Counter::Started(start);
                 self.floor = Some(start + FLOOR_GAP);
                 start
             }
-        }
+        };
+        self.counter = Counter::Started(fence);
+        self.issue(to, fence);
+        fence
     }
 
     /// The plain mutex's pipelined `INCR` (`Mutex::acquire_free`): a fencing token when
@@ -117,7 +120,7 @@ impl Server {
                 // A fencing token only if the pipeline's SET took the lock (else the
                 // client does not use it).
                 if taken {
-                    self.issue(to);
+                    self.issue(to, c + 1);
                 }
                 self.counter = Counter::Started(c + 1);
                 Some(c + 1)
@@ -139,16 +142,27 @@ impl Server {
         }
     }
 
-    /// `token` took the lock.
+    /// `token` took the lock. (A token that takes it again, with nobody in between —
+    /// a late copy of its own retried request — keeps the floor of its first take.)
     fn took(&mut self, token: Tok) {
+        if self.last_taker != Some(token) {
+            self.take_floor = self.issued;
+        }
         self.last_taker = Some(token);
     }
 
-    /// A fencing token is issued to `to`.
-    fn issue(&mut self, to: Tok) {
+    /// Fencing token `fence` is issued to `to`.
+    fn issue(&mut self, to: Tok, fence: Fence) {
         if self.last_taker != Some(to) {
             self.misissued = true;
         }
+        self.issued = self.issued.max(Some(fence));
+    }
+
+    /// Whether a holding of `token` with fencing token `fence` has a token below one
+    /// issued before `token` last took the lock (a token of an earlier holding).
+    pub fn fence_behind(&self, token: Tok, fence: Fence) -> bool {
+        self.last_taker == Some(token) && self.take_floor.is_some_and(|floor| fence <= floor)
     }
 
     /// Runs an acquire script for `token`; `leave`: wait mode '2' (leave the
@@ -268,6 +282,7 @@ impl Server {
             term,
         });
         self.took(token);
+        self.issue(token, term);
         self.last_term = Some((term, token));
         Reply::Acquired {
             fence: Some(term),

@@ -347,12 +347,10 @@ impl LockModel {
             (Slot::Confirm, Phase::Acquiring(mut a)) => {
                 let fence = a.confirm.expect("awaited");
                 if reply == Reply::Int(1) {
-                    self.note(s, Seen::GRANT_CONFIRMED);
                     let h = Holding::new(a.token, Some(fence), age, t.ttl, t.ttl, &t, m);
                     self.hold(s, c, h);
                 } else {
                     // A stale grant: try again.
-                    self.note(s, Seen::GRANT_STALE);
                     a.confirm = None;
                     s.clients[c].phase = Phase::Acquiring(a);
                 }
@@ -413,6 +411,15 @@ impl LockModel {
         if matches!(h.ended, Some(Ended::Gone | Ended::Expired)) {
             self.note(s, Seen::LEASE_LOST);
         }
+        // A holder that believes it holds with a token below an earlier holder's would
+        // see its writes refused and the earlier holder's accepted. (A guard whose lease
+        // already ran out is refused rightly.)
+        if let Some(fence) = h.fence
+            && h.believes()
+            && s.server.fence_behind(h.token, fence)
+        {
+            s.fence_behind = true;
+        }
         s.clients[c].phase = Phase::Holding(h);
     }
 
@@ -438,7 +445,19 @@ impl LockModel {
             self.hold(s, c, h);
             return;
         }
-        // Confirm by extending, which fails unless the lock is ours now.
+        if after_busy {
+            self.note(s, Seen::GRANT_RETRIED);
+        } else {
+            self.note(s, Seen::GRANT_STALE);
+        }
+        if self.rules.retry_unreliable_grant {
+            // Try again at once: if the lock is ours (this hand-over, or a later one to
+            // our registration), the acquire script says so with a fresh fencing token.
+            self.send_attempt(s, c, Attempt::Script);
+            return;
+        }
+        // The variant before 8da374b: confirm by extending (which fails unless the lock
+        // is ours now), and hold with this hand-over's token.
         a.confirm = Some(fence);
         s.clients[c].phase = Phase::Acquiring(a);
         send(

@@ -521,6 +521,18 @@ pub fn summary(model: &LockModel, s: &State, now: u32) -> String {
     if s.resource.interleaved {
         parts.push("the resource accepted two holders' writes with the same fencing token".to_string());
     }
+    if s.fence_behind {
+        let who = (0..s.clients.len())
+            .find_map(|c| match s.clients[c].phase {
+                Phase::Holding(h) if s.server.last_taker == Some(h.token) => Some(h.token),
+                _ => None,
+            })
+            .map_or(String::new(), |t| format!("{t} "));
+        parts.push(format!(
+            "{who}believes it holds with a fencing token below one issued before it took the lock: the \
+             resource would refuse its writes and accept an earlier holder's"
+        ));
+    }
     if s.server.misissued {
         let to = s
             .server

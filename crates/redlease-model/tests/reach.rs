@@ -22,11 +22,11 @@ fn mutex_under_contention_reaches_every_kind_of_hand_over() {
     reaches(
         checks::mutex_contention(),
         &[
-            "a hand-over is confirmed by an extend",
             "a hand-over is taken without a round trip",
+            "a hand-over too late in its claim window is not relied on",
             "a lease is lost",
             "a local hand-over",
-            "a stale hand-over is refused",
+            "a stale hand-over is not relied on",
             "a stale holder's write is refused",
             "an acquire finds its own token",
         ],

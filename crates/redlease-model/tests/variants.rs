@@ -86,19 +86,31 @@ fn with_a_counter_not_started_for_the_mark_a_stalled_waiter_takes_an_old_hand_ov
 }
 
 #[test]
+fn confirming_an_unreliable_hand_over_keeps_a_fencing_token_below_the_holder_before() {
+    let trace = counterexample(Variant::ConfirmedGrantFence);
+    assert!(trace.contains("reads hand-over"), "{trace}");
+    assert!(
+        trace.contains("reply to its hand-over confirmation arrives: 1"),
+        "{trace}"
+    );
+    assert!(
+        trace.contains("believes it holds with a fencing token below one issued before it took the lock"),
+        "{trace}"
+    );
+}
+
+#[test]
 fn every_broken_variant_has_a_test() {
     // The tests above, one per variant: a new variant needs one.
-    assert_eq!(Variant::BROKEN.len(), 7);
+    assert_eq!(Variant::BROKEN.len(), 8);
     for variant in Variant::BROKEN {
         let (_, expected) = checks::for_variant(variant);
-        assert!(
-            [
-                property::MUTUAL_EXCLUSION,
-                property::NO_ORPHAN,
-                property::TRUTHFUL
-            ]
-            .contains(&expected),
-            "{variant}"
-        );
+        let properties = [
+            property::MUTUAL_EXCLUSION,
+            property::FENCING,
+            property::NO_ORPHAN,
+            property::TRUTHFUL,
+        ];
+        assert!(properties.contains(&expected), "{variant}");
     }
 }
