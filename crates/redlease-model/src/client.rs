@@ -116,9 +116,10 @@ impl Holding {
             valid_for: (remaining + t.max_drift)
                 .saturating_sub(margin)
                 .saturating_sub(age),
-            // A lease with less than its full TTL left counts as one that started
-            // earlier, so its first renewal comes early enough.
-            confirmed_age: (age + (ttl - remaining)).min(t.confirm_cap()),
+            // A lease with less than its full TTL left is first renewed once a third of
+            // what is left has passed: it counts as confirmed a third of the shortfall
+            // earlier.
+            confirmed_age: (age + (ttl - remaining) / 3).min(t.confirm_cap()),
             ttl,
             ended: None,
             renew: None,

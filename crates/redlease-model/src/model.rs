@@ -343,11 +343,24 @@ impl Model for LockModel {
                     "a hand-over is taken without a round trip",
                     Seen::GRANT_TAKEN,
                 ));
+            }
+            if self.kind == Kind::Mutex {
                 ps.push(seen(
                     "a hand-over too late in its claim window is not relied on",
                     Seen::GRANT_RETRIED,
                 ));
                 ps.push(seen("a stale hand-over is not relied on", Seen::GRANT_STALE));
+            }
+            // The semaphore hands freed permits to registered waiters too. In its check
+            // the first hand-over draws the first mark, so none is known before it: the
+            // waiter tries again.
+            if matches!(self.kind, Kind::Semaphore { .. }) {
+                ps.push(seen(
+                    "a hand-over not known to be current is not relied on",
+                    Seen::GRANT_STALE,
+                ));
+            }
+            if self.kind == Kind::Mutex {
                 ps.push(seen("a local hand-over", Seen::LOCAL_HANDOVER));
             }
         }

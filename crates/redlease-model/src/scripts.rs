@@ -58,18 +58,23 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0x595c84575d18de3e,
+        0xcf3aef3206342678,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(
         "sem_extend.lua",
-        0x45b4eab5a2f48d22,
+        0x7ec75f2eb01005f6,
         "server.rs: Server::extend (Kind::Semaphore)"
     ),
     mirrored!(
         "sem_release.lua",
-        0xe7c60b678998b726,
+        0x41685f9e031b3cdb,
         "server.rs: Server::release (Kind::Semaphore)"
+    ),
+    mirrored!(
+        "sem_waiters.lua",
+        0x33e34157e60a06c5,
+        "server.rs: Server::sem_hand_out"
     ),
     mirrored!(
         "fence.lua",

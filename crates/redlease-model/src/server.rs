@@ -40,11 +40,11 @@ pub struct Server {
     /// `mark.lua`'s floor: above every token the current start can lead to. Lives a day:
     /// never lost within a run.
     pub floor: Option<Fence>,
-    /// `{<lock key>}:q`: the registered waiters, in the order `ZRANGE` gives: by
-    /// deadline, which a new attempt moves to `register_life` from now, so by their
-    /// last attempt. A registration lapses when its deadline passes without a new
-    /// attempt; the model lets it lapse at any time (`Action::Lapse`), which covers
-    /// every deadline.
+    /// `{<lock key>}:q` (a semaphore's `{<key>}:waiters`): the registered waiters, in
+    /// the order `ZRANGE` gives: by deadline, which a new attempt moves to
+    /// `register_life` from now, so by their last attempt. A registration lapses when
+    /// its deadline passes without a new attempt; the model lets it lapse at any time
+    /// (`Action::Lapse`), which covers every deadline.
     pub waiters: Vec<Tok>,
     /// `election_campaign.lua`'s term key: the highest term issued and its token.
     pub last_term: Option<(Fence, Tok)>,
@@ -166,12 +166,20 @@ impl Server {
     }
 
     /// Runs an acquire script for `token`; `leave`: wait mode '2' (leave the
-    /// registration of an earlier attempt when acquired), else '1'.
-    pub fn acquire(&mut self, kind: Kind, rules: &Rules, t: &Timing, token: Tok, leave: bool) -> Reply {
+    /// registration of an earlier attempt when acquired), else '1'. With the reply, a
+    /// hand-over it published (a semaphore's acquire hands on lapsed permits).
+    pub fn acquire(
+        &mut self,
+        kind: Kind,
+        rules: &Rules,
+        t: &Timing,
+        token: Tok,
+        leave: bool,
+    ) -> (Reply, Granted) {
         match kind {
-            Kind::Mutex => self.mutex_acquire(rules, t, token, leave),
-            Kind::Semaphore { limit } => self.sem_acquire(t, token, limit),
-            Kind::Election => self.election_campaign(t, token),
+            Kind::Mutex => (self.mutex_acquire(rules, t, token, leave), None),
+            Kind::Semaphore { limit } => self.sem_acquire(rules, t, token, limit, leave),
+            Kind::Election => (self.election_campaign(t, token), None),
         }
     }
 
@@ -235,29 +243,73 @@ impl Server {
         self.pipelined_incr(token, taken)
     }
 
-    /// `sem_acquire.lua` for one permit of `limit`.
-    fn sem_acquire(&mut self, t: &Timing, token: Tok, limit: u8) -> Reply {
+    /// `sem_acquire.lua` for one permit of `limit`: taken if there is room, else the
+    /// waiter registers (and learns the slot's fencing mark).
+    fn sem_acquire(
+        &mut self,
+        rules: &Rules,
+        t: &Timing,
+        token: Tok,
+        limit: u8,
+        leave: bool,
+    ) -> (Reply, Granted) {
         let used = self.permits.len();
         if used + 1 > usize::from(limit) {
             if let Some(&(_, deadline)) = self.permits.iter().find(|(p, _)| *p == token) {
-                return Reply::Acquired {
-                    fence: None,
-                    pttl: Some(Some(deadline)),
-                };
+                return (
+                    Reply::Acquired {
+                        fence: None,
+                        pttl: Some(Some(deadline)),
+                    },
+                    None,
+                );
             }
-            return Reply::Busy {
-                mark: None,
+            // Register (ZADD: a new attempt moves the deadline on, behind the others').
+            self.waiters.retain(|&w| w != token);
+            self.waiters.push(token);
+            // Lapsed permits the script pruned go to registered waiters; the model's
+            // clock prunes them (`tick`), so it may hand out whenever there is room.
+            let granted = self.sem_hand_out(t, limit);
+            let reply = Reply::Busy {
+                mark: self.fence_mark(rules),
                 own: false,
             };
+            return (reply, granted);
         }
         // ZADD: a retry that finds room sets its deadline again.
         self.permits.retain(|(p, _)| *p != token);
         self.permits.push((token, t.ttl));
         self.permits.sort();
-        Reply::Acquired {
-            fence: None,
-            pttl: None,
+        if leave {
+            self.waiters.retain(|&w| w != token);
         }
+        let granted = self.sem_hand_out(t, limit);
+        (
+            Reply::Acquired {
+                fence: None,
+                pttl: None,
+            },
+            granted,
+        )
+    }
+
+    /// `sem_waiters.lua`, `hand_out`: the first registered waiter gets a permit for the
+    /// claim window when there is room, with a mark from the fencing counter, told by
+    /// `g <id> <mark>`. (One per step: a release frees one permit in the model.)
+    fn sem_hand_out(&mut self, t: &Timing, limit: u8) -> Granted {
+        if self.permits.len() >= usize::from(limit) {
+            return None;
+        }
+        let &waiter = self.waiters.first()?;
+        // The mark is drawn for a permit, which is not exclusive: no taker to check it
+        // against (`issue`).
+        self.took(waiter);
+        let mark = self.take_fence(waiter);
+        self.waiters.remove(0);
+        self.permits.retain(|(p, _)| *p != waiter);
+        self.permits.push((waiter, t.claim));
+        self.permits.sort();
+        Some((waiter, mark))
     }
 
     /// `election_campaign.lua`: the term comes from `next_fence` (`fence.lua`), above
@@ -326,11 +378,15 @@ impl Server {
     pub fn release(&mut self, kind: Kind, t: &Timing, token: Tok, leaving: bool) -> (Reply, Granted) {
         match kind {
             Kind::Mutex => self.mutex_release(t, token, leaving),
-            // `sem_release.lua`
-            Kind::Semaphore { .. } => {
+            // `sem_release.lua`: the room made goes to a registered waiter.
+            Kind::Semaphore { limit } => {
+                if leaving {
+                    self.waiters.retain(|&w| w != token);
+                }
                 let before = self.permits.len();
                 self.permits.retain(|(p, _)| *p != token);
-                (Reply::Int(i8::from(self.permits.len() < before)), None)
+                let released = self.permits.len() < before;
+                (Reply::Int(i8::from(released)), self.sem_hand_out(t, limit))
             }
             // `election_resign.lua`
             Kind::Election => match self.lock {

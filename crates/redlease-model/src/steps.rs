@@ -244,7 +244,7 @@ impl LockModel {
                 let fence = server.pipeline_incr(token, taken);
                 (Reply::Pipeline { taken, fence }, None)
             }
-            Req::Acquire { token, leave } => (server.acquire(kind, rules, t, token, leave), None),
+            Req::Acquire { token, leave } => server.acquire(kind, rules, t, token, leave),
             Req::Extend { token, ttl } => (server.extend(kind, rules, token, ttl), None),
             Req::Release { token, leaving } => server.release(kind, t, token, leaving),
             Req::HandOff { old, new } => (server.handoff(t, old, new), None),
@@ -337,7 +337,7 @@ impl LockModel {
                 Reply::Busy { mark, own } => {
                     s.lied |= own;
                     a.attempt = None;
-                    a.registered |= self.kind == Kind::Mutex;
+                    a.registered |= matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. });
                     a.last_busy = Some((age.min(t.busy_cap()), mark));
                     s.clients[c].phase = Phase::Acquiring(a);
                 }
@@ -347,7 +347,8 @@ impl LockModel {
             (Slot::Confirm, Phase::Acquiring(mut a)) => {
                 let fence = a.confirm.expect("awaited");
                 if reply == Reply::Int(1) {
-                    let h = Holding::new(a.token, Some(fence), age, t.ttl, t.ttl, &t, m);
+                    let fence = self.kind.fenced().then_some(fence);
+                    let h = Holding::new(a.token, fence, age, t.ttl, t.ttl, &t, m);
                     self.hold(s, c, h);
                 } else {
                     // A stale grant: try again.
@@ -441,7 +442,9 @@ impl LockModel {
         if after_busy && in_window {
             self.note(s, Seen::GRANT_TAKEN);
             // Held from no later than when that attempt was sent, for the claim window.
-            let h = Holding::new(to, Some(fence), busy, t.claim, t.ttl, &t, m);
+            // (A semaphore's grant carries a mark, not a fencing token for the guard.)
+            let fence = self.kind.fenced().then_some(fence);
+            let h = Holding::new(to, fence, busy, t.claim, t.ttl, &t, m);
             self.hold(s, c, h);
             return;
         }

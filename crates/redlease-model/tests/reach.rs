@@ -1,6 +1,6 @@
 //! The checks are not vacuous: each reaches the rare outcomes it is about — a
-//! hand-over taken without a round trip, one confirmed by an extend, a stale one
-//! refused, a local hand-over, an acquire that finds its own token, a lost lease, a
+//! hand-over taken without a round trip, one tried again because it came too late or
+//! is not known to be current, a local hand-over, an acquire that finds its own token, a lost lease, a
 //! stale holder's write refused by the fenced resource.
 
 use redlease_model::checks::{self, Check};
@@ -42,6 +42,12 @@ fn election_reaches_a_retry_that_finds_its_own_token() {
 }
 
 #[test]
-fn semaphore_reaches_a_lost_lease() {
-    reaches(checks::semaphore(), &["a lease is lost"]);
+fn semaphore_reaches_a_lost_lease_and_a_hand_over_tried_again() {
+    reaches(
+        checks::semaphore(),
+        &[
+            "a hand-over not known to be current is not relied on",
+            "a lease is lost",
+        ],
+    );
 }

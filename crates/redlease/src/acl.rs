@@ -35,6 +35,7 @@ const COMMANDS: &[&str] = &[
     "zscore",
     "zmscore",
     "zrank",
+    "zpopmin",
     "zrange",
     "zrangebyscore",
     "zremrangebyscore",
@@ -110,7 +111,7 @@ mod tests {
             "resetkeys resetchannels -@all ~redlease:* ~{redlease:* &redlease:* &{redlease:* \
              +evalsha +eval +script|load +subscribe +unsubscribe +ping +pubsub|numsub \
              +get +set +del +unlink +exists +incr +pttl +pexpire +publish +time \
-             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zrange +zrangebyscore +zremrangebyscore \
+             +zadd +zrem +zcard +zcount +zscore +zmscore +zrank +zpopmin +zrange +zrangebyscore +zremrangebyscore \
              +hset +hget +hmget +xadd +xlen +xrange +xrevrange"
         );
     }

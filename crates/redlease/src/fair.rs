@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply};
 use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
@@ -14,44 +14,49 @@ use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::{DEFAULT_WAITER_TTL, LeaseOptions};
 use crate::script::reply::{array, holder, int, ms, opt_string};
-use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, LEASE_EXTEND, ScriptCall};
+use crate::script::{FAIR_ACQUIRE, FAIR_HEARTBEAT, FAIR_RELEASE, FAIR_STATUS, MUTEX_EXTEND, ScriptCall};
 use crate::token::{FencingToken, Token};
 
 /// A distributed mutex that serves its waiters in arrival order (FIFO).
 ///
 /// The lock itself is the plain [`Mutex`](crate::Mutex)'s: the key `<prefix><name>`
-/// holding the holder's random token with a PX TTL, and the same metadata, so a fair
-/// and a plain mutex of one name exclude each other (as do redis-py, redsync and
-/// node-redlock clients) and share one sequence of [`FencingToken`]s. The guard has the
-/// plain mutex's semantics: fencing token, automatic renewal, [`lost`](FairMutexGuard::lost)
-/// signal, background release on drop.
+/// holding the holder's random token with a PX TTL, so a fair and a plain mutex of one
+/// name exclude each other (as do redis-py, redsync and node-redlock clients) and share
+/// one sequence of [`FencingToken`]s. The guard has the plain mutex's semantics: fencing
+/// token, automatic renewal, [`lost`](FairMutexGuard::lost) signal, background release
+/// on drop.
 ///
 /// # Policy
 ///
 /// First come, first served. A waiter joins a queue (`{<key>}:queue`) with a ticket
-/// when it first finds the lock busy, and takes the lock only when every live waiter
+/// when it first finds the lock busy, and gets the lock only when every live waiter
 /// ahead of it has had its turn; its position is kept across retries and reported by
 /// [`lock_with_position`](FairMutex::lock_with_position) and [`status`](FairMutex::status).
-/// A release wakes only the next waiter, on that waiter's own channel — not a herd.
+/// A release hands the lock straight to the next waiter — it sets the lock to that
+/// waiter's token and tells it, and only its process, on a channel of that client's —
+/// so the next holder holds the lock as soon as the message arrives, without a request
+/// of its own.
 ///
 /// Clients that do not take part in the queue are not held to it: a plain `Mutex`,
 /// redis-py or redsync client of the same name takes the lock whenever it finds it free,
 /// ahead of queued waiters ("barging"), and the next fair waiter learns of its release
-/// only when that client's lease would have ended. Use one kind of client per name to
-/// keep the order strict.
+/// within one heartbeat interval of a queued waiter (a third of the waiter TTL), or when
+/// that client's lease would have ended. Use one kind of client per name to keep the
+/// order strict.
 ///
 /// # Failure model
 ///
 /// Each queue entry is a small lease of its own: the waiter heartbeats it every third
 /// of the *waiter TTL* (default 5 s, at most the lock's TTL; see
 /// [`with_waiter_ttl`](FairMutex::with_waiter_ttl)), with the deadline on Redis's clock.
-/// A waiter that crashes or hangs stops heartbeating; its entry is pruned by the next
-/// script that looks once its deadline passes, and every live waiter's heartbeat looks,
-/// so a dead waiter delays those behind it by at most its waiter TTL plus one heartbeat
-/// interval — never minutes. A waiter that gives up (timeout, cancellation) leaves the
-/// queue at once. A waiter whose own entry was pruned while it was paused rejoins at the
-/// back. Mutual exclusion itself is that of the plain mutex: it holds while leases are
-/// valid and Redis keeps its writes.
+/// A waiter that crashes or hangs stops heartbeating; its entry is dropped once its
+/// deadline passes, and a lock handed to it lasts only until that deadline, after which
+/// the next live waiter's heartbeat sets the queue moving again — so a dead waiter
+/// delays those behind it by at most its waiter TTL plus one heartbeat interval, never
+/// minutes. A waiter that gives up (timeout, cancellation) leaves the queue at once,
+/// handing on a lock it was given meanwhile. A waiter whose own entry was dropped while
+/// it was paused rejoins at the back. Mutual exclusion itself is that of the plain
+/// mutex: it holds while leases are valid and Redis keeps its writes.
 ///
 /// `FairMutex` is a cheap handle (clone it freely); it holds no lock by itself.
 ///
@@ -76,15 +81,21 @@ pub struct FairMutex {
 #[derive(Clone, Debug)]
 struct FairShared {
     base: LockBase,
-    /// `[lock, meta, queue, alive]`: status.
-    keys: Arc<[Arc<str>]>,
-    /// `[lock, meta, queue, alive, fencing counter, its floor]`: acquire.
+    /// `[lock, queue, alive, fencing counter, its floor]`: acquire.
     acquire_keys: Arc<[Arc<str>]>,
-    /// `[lock, meta]`: the plain mutex's extend script renews the holder.
+    /// `[lock, queue, alive, fencing counter, its floor, plain waiters]`: release.
+    release_keys: Arc<[Arc<str>]>,
+    /// `[lock, fencing counter, its floor, queue, alive]`: status.
+    status_keys: Arc<[Arc<str>]>,
+    /// `[lock]`: the plain mutex's extend script renews the holder. (During a slot
+    /// migration a script naming a key that does not exist is refused with TRYAGAIN:
+    /// renewals name only the key that exists while the lock is held.)
     lock_keys: Arc<[Arc<str>]>,
-    /// `[lock, queue, alive]`: heartbeat and release.
+    /// `[lock, queue, alive]`: heartbeat.
     queue_keys: Arc<[Arc<str>]>,
-    /// A waiter's wake-up channel is this prefix plus its id: `{<key>}:wake:<id>`.
+    /// This client's fair channel, `{<key>}:wake:fair:<client id>`, where releases hand
+    /// the lock to its queued waiters; `channel_prefix` is what precedes the id.
+    channel: Arc<str>,
     channel_prefix: Arc<str>,
     /// The plain mutex's channel, `{<key>}:wake`.
     plain_channel: Arc<str>,
@@ -102,11 +113,14 @@ pub struct FairMutexStatus {
     pub owner: Option<String>,
     /// The holder's remaining lease; `None` when free or when the key has no TTL.
     pub remaining: Option<Duration>,
-    /// The holder's fencing token, when known.
+    /// The holder's fencing token, when known. (Not recorded, as for the plain mutex:
+    /// see `last_fence`.)
     pub fence: Option<FencingToken>,
-    /// The highest fencing token issued for this lock within the metadata retention.
+    /// A fencing token at least as high as every one issued so far for this lock, and
+    /// below every one issued later (see [`MutexStatus::last_fence`](crate::MutexStatus::last_fence)).
     pub last_fence: Option<FencingToken>,
-    /// When the holder acquired the lock (Redis server time), when known.
+    /// When the holder acquired the lock (Redis server time), when known. (Not
+    /// recorded, as for the plain mutex.)
     pub since: Option<std::time::SystemTime>,
     /// How many live waiters are queued (each waiting task counts).
     pub queue_len: u64,
@@ -120,24 +134,31 @@ impl FairMutex {
         let base = LockBase::new(ctx, Primitive::FairMutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let lock = base.key.clone();
-        let meta: Arc<str> = keys.aux("meta").into();
         let queue: Arc<str> = keys.aux("queue").into();
         let alive: Arc<str> = keys.aux("alive").into();
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
         Ok(FairMutex {
             shared: Arc::new(FairShared {
-                keys: Arc::new([lock.clone(), meta.clone(), queue.clone(), alive.clone()]),
                 acquire_keys: Arc::new([
                     lock.clone(),
-                    meta.clone(),
                     queue.clone(),
                     alive.clone(),
-                    counter,
-                    floor,
+                    counter.clone(),
+                    floor.clone(),
                 ]),
-                lock_keys: Arc::new([lock.clone(), meta]),
+                release_keys: Arc::new([
+                    lock.clone(),
+                    queue.clone(),
+                    alive.clone(),
+                    counter.clone(),
+                    floor.clone(),
+                    keys.aux("q").into(),
+                ]),
+                status_keys: Arc::new([lock.clone(), counter, floor, queue.clone(), alive.clone()]),
+                lock_keys: Arc::new([lock.clone()]),
                 queue_keys: Arc::new([lock, queue, alive]),
-                channel_prefix: keys.aux("wake:").into(),
+                channel: format!("{}{}", keys.aux("wake:fair:"), base.ctx.id).into(),
+                channel_prefix: keys.aux("wake:fair:").into(),
                 plain_channel: keys.aux("wake").into(),
                 base,
                 ttl_arg: ttl_ms.to_string().into(),
@@ -202,15 +223,16 @@ impl FairMutex {
     /// Takes the lock in turn, waiting as long as it takes.
     ///
     /// One round trip when the lock is free and nobody waits. Otherwise the task joins
-    /// the queue, heartbeats its place, and waits until a release or a pruned dead
-    /// waiter makes it the next in line; it is woken on its own channel, never by
-    /// polling.
+    /// the queue (one more round trip), heartbeats its place, and waits until the
+    /// release before its turn hands it the lock: it holds the lock when that message
+    /// arrives, with no request of its own. Never polls (except, when first in line,
+    /// behind a holder that is not a redlease client: its release announces nothing).
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future stops the heartbeat and removes its queue entry
-    /// (and any lock an in-flight attempt may have taken) in the background, waking the
-    /// next waiter if it was first in line.
+    /// in the background, handing on to the next waiter any lock an in-flight attempt
+    /// may have taken or a release may have handed it.
     ///
     /// # Errors
     ///
@@ -240,9 +262,11 @@ impl FairMutex {
     /// ahead of this one (0: next in line) whenever it changes.
     ///
     /// The position is learned by the waiter's own checks of the queue: when it joins,
-    /// and whenever it is woken or its fallback timer fires. Waiters ahead that leave
-    /// are not announced to everyone, so between those checks the number may be higher
-    /// than the truth; [`status`](FairMutex::status) shows the whole queue at any time.
+    /// and whenever its fallback timer fires or it is told to look again. Hand-overs
+    /// and departures ahead of it are not announced to everyone, so between those
+    /// checks the number may be higher than the truth, and a waiter the lock is handed
+    /// to need not have seen 0; [`status`](FairMutex::status) shows the whole queue at
+    /// any time.
     ///
     /// # Cancel safety
     ///
@@ -262,18 +286,16 @@ impl FairMutex {
     async fn acquire(&self, wait: Wait, on_position: impl FnMut(u64) + Send) -> Result<FairMutexGuard> {
         let s = &*self.shared;
         let ctx = &s.base.ctx;
-        let token = Token::generate();
-        let id = waiter_id();
-        let member: Arc<str> = format!("{id}:{}", ctx.label).into();
-        let channel = format!("{}{id}", s.channel_prefix);
+        let token = Token::for_owner(&ctx.label);
+        // The waiter's public id starts with its client's: releases find the client's
+        // channel from it.
+        let id = format!("{}{}", ctx.id, waiter_id());
+        let member: Arc<str> = format!("{id}{}", token.expose()).into();
         let cmd = FAIR_ACQUIRE.evalsha(
             &s.acquire_keys,
             &[
-                token.expose(),
-                &member,
+                &*member,
                 &s.ttl_arg,
-                &ctx.label,
-                &ctx.retention_arg,
                 &s.waiter.arg,
                 if wait.waits() { "1" } else { "0" },
                 &s.channel_prefix,
@@ -295,18 +317,20 @@ impl FairMutex {
             script: &FAIR_ACQUIRE,
             cmd: &cmd,
             cmd_registered: None,
-            channel: &channel,
+            channel: &s.channel,
             wait,
-            // Leaving removes the lock an attempt may have taken and our queue entry.
+            // Leaving removes our queue entry, and hands on the lock an attempt may have
+            // taken or a release may have handed us.
             undo: self.release_call(&token, member),
-            renew: ScriptCall::new(
-                &LEASE_EXTEND,
-                s.lock_keys.clone(),
-                Arc::new([token.shared(), ctx.retention_arg.clone()]),
-            ),
+            renew: self.renew_call(&token),
             release: self.release_call(&token, "".into()),
             token,
-            grant: None,
+            // A release hands the lock to the first live waiter until that waiter's own
+            // deadline, which is at least a waiter TTL after its last attempt.
+            grant: wait.waits().then(|| Granted {
+                id: &id,
+                claim: s.waiter.ttl,
+            }),
         };
         let ttl = s.base.options.ttl;
         let position = StdMutex::new((None::<u64>, on_position));
@@ -317,7 +341,7 @@ impl FairMutex {
                     return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, pttl, place, joined] if int(flag) == Some(0) => {
+                    [flag, pttl, place, joined, mark, foreign] if int(flag) == Some(0) => {
                         let place = int(place).and_then(|p| u64::try_from(p).ok());
                         if let Some(place) = place {
                             heartbeat.joined(sent, int(joined) == Some(1));
@@ -332,8 +356,8 @@ impl FairMutex {
                             busy: Busy {
                                 remaining: ms(int(pttl)),
                                 pass_on: false,
-                                mark: None,
-                                foreign: false,
+                                mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                                foreign: int(foreign) == Some(1),
                             },
                             // Queued: leaving must remove the entry.
                             queued: place.is_some(),
@@ -355,7 +379,7 @@ impl FairMutex {
         let s = &*self.shared;
         ScriptCall::new(
             &FAIR_RELEASE,
-            s.queue_keys.clone(),
+            s.release_keys.clone(),
             Arc::new([
                 token.shared(),
                 member,
@@ -366,7 +390,15 @@ impl FairMutex {
         )
     }
 
-    /// Releases the lock held by `token` and wakes the next waiter in the queue.
+    fn renew_call(&self, token: &Token) -> ScriptCall {
+        ScriptCall::new(
+            &MUTEX_EXTEND,
+            self.shared.lock_keys.clone(),
+            Arc::new([token.shared()]),
+        )
+    }
+
+    /// Releases the lock held by `token`, handing it to the next waiter in the queue.
     ///
     /// # Cancel safety
     ///
@@ -399,14 +431,10 @@ impl FairMutex {
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = s.base.ttl_ms(ttl)?;
-        let cmd = LEASE_EXTEND.evalsha(
-            &s.lock_keys,
-            &[token.expose(), &s.base.ctx.retention_arg],
-            Some(ttl_ms),
-        );
+        let cmd = self.renew_call(token).cmd_with_ttl(ttl_ms);
         let release = self.release_call(token, "".into());
         s.base
-            .by_token("extend", &cmd, &LEASE_EXTEND, Some(&release))
+            .by_token("extend", &cmd, &MUTEX_EXTEND, Some(&release))
             .await
     }
 
@@ -423,7 +451,7 @@ impl FairMutex {
     /// [`Error::WrongType`] when a key is not a lock's, and Redis errors.
     pub async fn status(&self) -> Result<FairMutexStatus> {
         let s = &*self.shared;
-        let cmd = FAIR_STATUS.evalsha(&s.keys, &[] as &[&str], None);
+        let cmd = FAIR_STATUS.evalsha(&s.status_keys, &[] as &[&str], None);
         let (items, _) = s.base.status(&FAIR_STATUS, &cmd, None).await?;
         let (Some(h), [_, _, _, _, _, _, waiting, labels]) = (holder(&items), &items[..]) else {
             return Err(s.base.op("status").bad_reply());
@@ -451,14 +479,15 @@ impl FairMutex {
 /// the lock was made with `auto_renew(false)`), [`is_held`](FairMutexGuard::is_held) and
 /// [`lost`](FairMutexGuard::lost) tell when it can no longer be relied on, and
 /// [`fence`](FairMutexGuard::fence) is the number to hand the protected resource.
-/// Releasing wakes the next waiter in the queue, and only it.
+/// Releasing hands the lock to the next waiter in the queue, and tells only it.
 ///
 /// # Drop
 ///
 /// Dropping the guard without [`release`](FairMutexGuard::release) stops renewal and
-/// releases the lock in the background (waking the next waiter) when a tokio runtime is
-/// running; otherwise the lease simply expires after its TTL, and the next waiter takes
-/// the lock when its fallback timer (the holder's remaining lease) fires.
+/// releases the lock in the background (handing it to the next waiter) when a tokio
+/// runtime is running; otherwise the lease simply expires after its TTL, and the next
+/// waiter takes the lock when its fallback timer (the holder's remaining lease) fires or
+/// a queued waiter's heartbeat finds the lock free.
 #[must_use = "dropping the guard releases the lock"]
 #[derive(Debug)]
 pub struct FairMutexGuard {
@@ -485,7 +514,8 @@ impl FairMutexGuard {
         self.fence
     }
 
-    /// Releases the lock (compare-and-delete) and wakes the next waiter in the queue.
+    /// Releases the lock (compare-and-delete), handing it to the next waiter in the
+    /// queue.
     ///
     /// # Cancel safety
     ///

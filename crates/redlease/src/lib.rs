@@ -124,8 +124,12 @@
 //!
 //! A release publishes on the lock's channel in the same script that frees it; waiting
 //! processes are woken through one shared pub/sub connection per client instead of
-//! polling. A missed wake-up (a dropped connection, a non-redlease client releasing)
-//! costs at most the holder's remaining lease.
+//! polling. Where the release knows who is next — a registered waiter of the plain
+//! mutex, the head of a fair mutex's queue, registered waiters of a semaphore that fit
+//! in the permits freed — it hands the lock or the permits straight to that waiter and
+//! tells only its client, so the waiter holds them when the message arrives. A missed
+//! wake-up (a dropped connection, a non-redlease client releasing) costs at most the
+//! holder's remaining lease.
 
 #![warn(missing_docs)]
 

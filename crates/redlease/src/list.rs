@@ -25,9 +25,10 @@ use crate::transport::value::{array, int, opt_string, text};
 pub enum LockKind {
     /// An exclusive lock at `<prefix><name>`: a plain [`Mutex`](crate::Mutex), or a
     /// lock some other library holds there ([`LockInfo::foreign`]). A
-    /// [`FairMutex`](crate::FairMutex) or a [`RwLock`](crate::RwLock)'s writer that
-    /// nobody queues for or reads beside looks the same and is listed as this kind too,
-    /// with its fencing token (a plain mutex records none).
+    /// [`FairMutex`](crate::FairMutex) that nobody queues for holds the same token as a
+    /// plain mutex and is listed as this kind too; so is a [`RwLock`](crate::RwLock)'s
+    /// writer that nobody reads beside or waits behind, with its fencing token (the
+    /// mutexes record none).
     Mutex,
     /// A [`FairMutex`](crate::FairMutex) with waiters in its queue.
     FairMutex,
@@ -80,12 +81,13 @@ pub struct LockInfo {
     pub foreign: bool,
     /// The remaining lease; `None` when the key has no TTL.
     pub remaining: Option<Duration>,
-    /// The holder's fencing token (an election's term); `None` for a plain mutex (it
-    /// records none), readers, permits, legacy and foreign locks.
+    /// The holder's fencing token (an election's term, a read-write lock's writer's);
+    /// `None` for the plain and the fair mutex (they record none), readers, permits,
+    /// legacy and foreign locks.
     pub fence: Option<FencingToken>,
-    /// How many clients wait: a plain mutex's registered waiters, a fair mutex's queue,
-    /// a read-write lock's waiting writers; 0 where waiters leave no trace (semaphores,
-    /// elections).
+    /// How many wait: a plain mutex's registered waiters (clients), a fair mutex's
+    /// queue, a read-write lock's waiting writers, a semaphore's waiting acquisitions;
+    /// 0 where waiters leave no trace (elections).
     pub waiters: u64,
     /// How many hold it: readers of a read-write lock, permits of a semaphore; 1 for
     /// the exclusive kinds.
@@ -96,8 +98,8 @@ pub struct LockInfo {
 /// when the lock key has a hash tag): found by `SCAN`, they are not locks. `readers`
 /// stands for a read-write lock held by readers only, which has no lock key.
 const AUX_SUFFIXES: &[&str] = &[
-    "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy", "term", "history", "fence",
-    "floor",
+    "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy", "waiters", "term", "history",
+    "fence", "floor",
 ];
 
 /// How many locks are described at once.
@@ -174,7 +176,7 @@ impl Client {
         let mut all = vec![keys.key.clone()];
         all.extend(
             [
-                "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy",
+                "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy", "waiters",
             ]
             .iter()
             .map(|s| keys.aux(s)),

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::acquire::{Acquire, Busy, Reply};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
 use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
+use crate::engine::heartbeat::waiter_id;
 use crate::engine::metrics::Primitive;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
@@ -32,12 +33,13 @@ pub const MAX_PERMITS_PER_ACQUIRE: u32 = 1024;
 ///
 /// # Policy
 ///
-/// Not fair: when permits are freed, waiters race for them, and a request for many
-/// permits can be overtaken by requests for fewer. A release publishes how many permits
-/// it freed, and each waiting process wakes that many of its waiters; a woken waiter
-/// that needs more permits than are free hands its wake-up to another local waiter
-/// instead of swallowing it. Nobody polls: a missed wake-up costs at most the time until
-/// the earliest held permit would lapse.
+/// Not fair: a request for many permits can be overtaken by requests for fewer. A
+/// waiter that finds too few permits free registers; a release hands the permits it
+/// frees straight to registered waiters that fit in them (the earliest registered
+/// first), and tells each — only it, on a channel of its client's — so the waiter
+/// holds its permits when the message arrives, without a request of its own. Nobody
+/// polls: a waiter also looks again when the earliest held permit would lapse (its
+/// holder may have died), and at least every half of its registration's life.
 ///
 /// # The limit
 ///
@@ -76,10 +78,25 @@ pub struct Semaphore {
 #[derive(Debug)]
 struct SemShared {
     base: LockBase,
-    /// `[permits, limit]`, shared by every script of this semaphore.
+    /// `[permits, limit, waiters, fencing counter, its floor]`: acquire and release.
     keys: Arc<[Arc<str>]>,
+    /// `[permits, limit]`: extend. (During a slot migration a script naming a key that
+    /// does not exist is refused with TRYAGAIN: renewals name only the keys that exist
+    /// while permits are held.)
+    lease_keys: Arc<[Arc<str>]>,
+    /// `[permits, limit, waiters]`: status.
+    status_keys: Arc<[Arc<str>]>,
+    /// This client's channel, `{<key>}:wake:<client id>`, where releases hand permits
+    /// to its waiters; `channel_prefix` is what precedes the id.
     channel: Arc<str>,
+    channel_prefix: Arc<str>,
     ttl_arg: Arc<str>,
+    /// How long permits handed to a waiter hold before it extends them, as the script
+    /// argument.
+    claim_arg: Arc<str>,
+    /// How long a waiter's registration lives without a new attempt, as the script
+    /// argument.
+    register_arg: Arc<str>,
     limit: u32,
     limit_arg: Arc<str>,
 }
@@ -96,8 +113,7 @@ pub struct SemaphoreStatus {
     pub available: u32,
     /// Until the earliest held permit lapses unless its holder renews it.
     pub next_lapse: Option<Duration>,
-    /// How many client connections wait for permits (each waiting process counts once,
-    /// however many tasks in it wait).
+    /// How many acquisitions wait for permits (each waiting task counts).
     pub waiters: u64,
 }
 
@@ -113,12 +129,27 @@ impl Semaphore {
                 reason: format!("{limit} is not between 1 and {MAX_PERMITS}"),
             });
         }
+        let (permits, limit_key): (Arc<str>, Arc<str>) = (base.key.clone(), keys.aux("limit").into());
+        let waiters: Arc<str> = keys.aux("waiters").into();
+        let [counter, floor] = base.ctx.fence_keys.of(&keys);
+        let channel_prefix: Arc<str> = keys.aux("wake:").into();
         Ok(Semaphore {
             shared: Arc::new(SemShared {
-                keys: Arc::new([base.key.clone(), keys.aux("limit").into()]),
-                channel: keys.aux("wake").into(),
-                base,
+                keys: Arc::new([
+                    permits.clone(),
+                    limit_key.clone(),
+                    waiters.clone(),
+                    counter,
+                    floor,
+                ]),
+                lease_keys: Arc::new([permits.clone(), limit_key.clone()]),
+                status_keys: Arc::new([permits, limit_key, waiters]),
+                channel: format!("{channel_prefix}{}", base.ctx.id).into(),
+                channel_prefix,
                 ttl_arg: ttl_ms.to_string().into(),
+                claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
+                register_arg: register_life(options.ttl).as_millis().to_string().into(),
+                base,
                 limit,
                 limit_arg: limit.to_string().into(),
             }),
@@ -252,21 +283,53 @@ impl Semaphore {
     async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Permit> {
         self.check_count(n)?;
         let s = &*self.shared;
+        let ctx = &s.base.ctx;
         let token = Token::generate();
         let count: Arc<str> = n.to_string().into();
-        let cmd = SEM_ACQUIRE.evalsha(&s.keys, &[token.expose(), &count, &s.limit_arg, &s.ttl_arg], None);
-        let release = self.call(&SEM_RELEASE, &token, &count);
+        // The waiter's public id starts with its client's: releases find the client's
+        // channel from it.
+        let id = format!("{}{}", ctx.id, waiter_id());
+        let registration: Arc<str> = format!("{id}{}{n}/{}", token.expose(), s.limit).into();
+        let attempt = |flag: &str| {
+            SEM_ACQUIRE.evalsha(
+                &s.keys,
+                &[
+                    &*registration,
+                    &s.limit_arg,
+                    &s.ttl_arg,
+                    flag,
+                    &s.register_arg,
+                    &s.channel_prefix,
+                    &ctx.publish,
+                    &s.claim_arg,
+                ],
+                None,
+            )
+        };
+        let waits = wait.waits();
+        let cmd = attempt(if waits { "1" } else { "0" });
+        // After a busy answer left a registration, an attempt that acquires leaves it.
+        let cmd_registered = attempt("2");
         let spec = Acquire {
             script: &SEM_ACQUIRE,
             cmd: &cmd,
-            cmd_registered: None,
+            cmd_registered: waits.then_some(&cmd_registered),
             channel: &s.channel,
             wait,
-            undo: release.clone(),
-            renew: self.call(&SEM_EXTEND, &token, &count),
-            release,
+            // Gives back permits an attempt may have taken (or a release handed us),
+            // and leaves the registration.
+            undo: self.release_call(&token, &count, registration.clone()),
+            renew: ScriptCall::new(
+                &SEM_EXTEND,
+                s.lease_keys.clone(),
+                Arc::new([token.shared(), count.clone()]),
+            ),
+            release: self.release_call(&token, &count, "".into()),
             token,
-            grant: None,
+            grant: waits.then(|| Granted {
+                id: &id,
+                claim: grant_claim(s.base.options.ttl),
+            }),
         };
         let ttl = s.base.options.ttl;
         let core = s
@@ -276,16 +339,15 @@ impl Semaphore {
                     return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, remaining, free] if int(flag) == Some(0) => Ok(Reply::Busy {
+                    [flag, remaining, _free, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
                         busy: Busy {
                             remaining: ms(int(remaining)),
-                            // Some permits are free, just not enough for us: another
-                            // local waiter that needs fewer may use the wake-up.
-                            pass_on: int(free).unwrap_or(0) > 0,
-                            mark: None,
+                            pass_on: false,
+                            mark: int(mark).and_then(|m| u64::try_from(m).ok()),
                             foreign: false,
                         },
-                        queued: false,
+                        // A waiter left a registration behind: undo removes it.
+                        queued: waits,
                     }),
                     [flag, existing] if int(flag) == Some(-1) => Err(Error::LimitMismatch {
                         name: s.base.name.to_string(),
@@ -304,23 +366,27 @@ impl Semaphore {
         })
     }
 
-    /// A call of `script` (extend or release) for the `count` permits of `token`.
-    fn call(&self, script: &'static crate::script::LuaScript, token: &Token, count: &Arc<str>) -> ScriptCall {
+    /// The release of the `count` permits of `token` (`"0"`: every permit of the
+    /// token), leaving `registration` (or none: `""`).
+    fn release_call(&self, token: &Token, count: &Arc<str>, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
         ScriptCall::new(
-            script,
+            &SEM_RELEASE,
             s.keys.clone(),
             Arc::new([
                 token.shared(),
                 count.clone(),
-                s.channel.clone(),
+                s.limit_arg.clone(),
+                s.channel_prefix.clone(),
                 s.base.ctx.publish.clone(),
+                s.claim_arg.clone(),
+                registration,
             ]),
         )
     }
 
     /// Gives back every permit taken by the acquisition whose token is `token` (from
-    /// [`Permit::forget`], possibly in another process), and wakes as many waiters.
+    /// [`Permit::forget`], possibly in another process), handing them to waiters.
     ///
     /// # Cancel safety
     ///
@@ -331,14 +397,14 @@ impl Semaphore {
     /// [`Error::NotHeld`] when the token holds no permit (released before, or lapsed);
     /// Redis errors.
     pub async fn release_token(&self, token: &Token) -> Result<()> {
-        let call = self.call(&SEM_RELEASE, token, &"0".into());
+        let call = self.release_call(token, &"0".into(), "".into());
         self.shared
             .base
             .by_token("release", &call.cmd(), call.script, None)
             .await
     }
 
-    /// How many permits are in use and free, and how many processes wait.
+    /// How many permits are in use and free, and how many acquisitions wait.
     ///
     /// Reads only; never reveals a token.
     ///
@@ -351,9 +417,9 @@ impl Semaphore {
     /// [`Error::WrongType`] when a key is not a semaphore's, and Redis errors.
     pub async fn status(&self) -> Result<SemaphoreStatus> {
         let s = &*self.shared;
-        let cmd = SEM_STATUS.evalsha(&s.keys, &[] as &[&str], None);
-        let (items, waiters) = s.base.status(&SEM_STATUS, &cmd, Some(&s.channel)).await?;
-        let [stored, in_use, lapse] = &items[..] else {
+        let cmd = SEM_STATUS.evalsha(&s.status_keys, &[] as &[&str], None);
+        let (items, _) = s.base.status(&SEM_STATUS, &cmd, None).await?;
+        let [stored, in_use, lapse, waiting] = &items[..] else {
             return Err(s.base.op("status").bad_reply());
         };
         let in_use = int(in_use).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
@@ -366,7 +432,7 @@ impl Semaphore {
             in_use,
             available: limit.saturating_sub(in_use),
             next_lapse: ms(int(lapse)),
-            waiters,
+            waiters: int(waiting).unwrap_or(0).max(0) as u64,
         })
     }
 }
@@ -382,7 +448,8 @@ impl Semaphore {
 /// # Drop
 ///
 /// Dropping the permit without [`release`](Permit::release) stops renewal and gives the
-/// permits back in the background when a tokio runtime is running (waking waiters);
+/// permits back in the background when a tokio runtime is running (handing them to
+/// waiters);
 /// otherwise they lapse after their TTL.
 #[must_use = "dropping the permit releases it"]
 #[derive(Debug)]
@@ -409,7 +476,7 @@ impl Permit {
         self.permits
     }
 
-    /// Gives the permits back and wakes as many waiters.
+    /// Gives the permits back, handing them to waiters.
     ///
     /// # Cancel safety
     ///

@@ -71,6 +71,18 @@ impl fmt::Debug for Token {
     }
 }
 
+/// A random public id — of a waiter, of a client — as 16 hex digits. Not a secret: it
+/// names a channel, or tells a waiter its message.
+pub(crate) fn public_id() -> String {
+    let r = getrandom::u64().unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+    });
+    format!("{r:016x}")
+}
+
 /// 16 bytes from the operating system's CSPRNG. They are read 1 KiB at a time per
 /// thread and each byte is handed out once, which spares a system call per token.
 fn random_16() -> [u8; 16] {

@@ -22,34 +22,39 @@ async fn queue_len(mutex: &redlease::FairMutex) -> u64 {
     mutex.status().await.unwrap().queue_len
 }
 
-/// Collects every message published on the waiters' own channels of lock `name`.
+/// Collects every message published on the fair channels of lock `name` (one per
+/// client: hand-overs "g <id> <fence>" and "try again" notes "g <id> -"), each as
+/// "<the channel's client id>|<message>".
 async fn wake_log(server: &RedisServer, name: &str) -> Arc<StdMutex<Vec<String>>> {
     let log = Arc::new(StdMutex::new(Vec::new()));
     let probed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let probe = format!("{{redlease:{name}}}:wake:probe");
+    let channel = format!("{{redlease:{name}}}:wake:fair:probe");
     let mut pubsub = server.client().get_async_pubsub().await.unwrap();
     pubsub
-        .psubscribe(format!("{{redlease:{name}}}:wake:*"))
+        .psubscribe(format!("{{redlease:{name}}}:wake:fair:*"))
         .await
         .unwrap();
-    let (sink, seen, own_probe) = (log.clone(), probed.clone(), probe.clone());
+    let (sink, seen) = (log.clone(), probed.clone());
     tokio::spawn(async move {
         let mut stream = pubsub.into_on_message();
         while let Some(msg) = stream.next().await {
-            if msg.get_channel_name() == own_probe {
+            let payload: String = msg.get_payload().unwrap();
+            if payload == "probe" {
                 seen.store(true, std::sync::atomic::Ordering::SeqCst);
             } else {
-                sink.lock().unwrap().push(msg.get_channel_name().to_owned());
+                // "<client id>|<payload>"
+                let client = msg.get_channel_name().rsplit(':').next().unwrap_or_default();
+                sink.lock().unwrap().push(format!("{client}|{payload}"));
             }
         }
     });
     // Handshake: the subscription is live once a probe message comes through.
     let conn = raw(server).await;
     eventually(5.0, "the wake-up log is subscribed", || {
-        let (mut conn, probed, probe) = (conn.clone(), probed.clone(), probe.clone());
+        let (mut conn, probed, channel) = (conn.clone(), probed.clone(), channel.clone());
         async move {
             let _: i64 = redis::cmd("PUBLISH")
-                .arg(&probe)
+                .arg(&channel)
                 .arg("probe")
                 .query_async(&mut conn)
                 .await
@@ -113,17 +118,28 @@ async fn twenty_four_waiters_are_served_exactly_in_arrival_order() {
         assert!(*fence > last, "waiter {i}: fence {fence} not above {last}");
         last = *fence;
     }
-    // Each hand-over woke exactly one waiter, each on its own channel: no herd.
+    // Each release handed the lock to exactly one waiter, named in one message on its
+    // own client's channel: no herd, and no request of the waiter's own. The fencing tokens the waiters hold are
+    // the ones the hand-overs issued, in order.
     let wakes = wakes.lock().unwrap().clone();
-    assert_eq!(wakes.len(), WAITERS, "one wake-up per hand-over: {wakes:?}");
-    let mut channels = wakes.clone();
-    channels.sort();
-    channels.dedup();
-    assert_eq!(
-        channels.len(),
-        WAITERS,
-        "every wake-up went to a different waiter"
-    );
+    assert_eq!(wakes.len(), WAITERS, "one message per hand-over: {wakes:?}");
+    let handed: Vec<(String, u64)> = wakes
+        .iter()
+        .map(|m| match m.split([' ', '|']).collect::<Vec<_>>()[..] {
+            [client, "g", id, fence] => {
+                assert!(id.starts_with(client), "told on another client's channel: {m:?}");
+                (id.to_owned(), fence.parse().expect("a fence"))
+            }
+            _ => panic!("not a hand-over: {m:?}"),
+        })
+        .collect();
+    let mut ids: Vec<&str> = handed.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), WAITERS, "every hand-over went to a different waiter");
+    let fences: Vec<u64> = order.iter().map(|(_, f)| f.get()).collect();
+    let issued: Vec<u64> = handed.iter().map(|(_, f)| *f).collect();
+    assert_eq!(fences, issued, "each waiter holds the fence its hand-over issued");
     assert_eq!(queue_len(&observer).await, 0);
 }
 
@@ -312,14 +328,11 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
         handoff < Duration::from_millis(300),
         "hand-off took {handoff:?}: a departed waiter blocked the queue"
     );
-    // Nothing but the fencing metadata remains.
+    // Nothing but the fencing counter remains.
     let mut conn = raw(&server).await;
     eventually(2.0, "no queue left", || {
         let mut conn = conn.clone();
-        async move {
-            let keys = keys_but_fencing(&mut conn).await;
-            keys.len() == 1 && keys[0].0 == "{redlease:quitter}:meta"
-        }
+        async move { keys_but_fencing(&mut conn).await.is_empty() }
     })
     .await;
     let _ = &mut conn;
@@ -405,6 +418,146 @@ async fn fair_and_plain_mutexes_share_the_key_and_the_fence_sequence() {
     assert!(fair.release_token(&token).await.unwrap_err().is_not_held());
 }
 
+/// Waiters of one client share one subscription to the lock's channel: a waiter that
+/// finds it already confirmed joins it before its first request, and queues in that
+/// one request (without it, it would subscribe afterwards and ask again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_waiter_of_a_client_queues_in_one_request() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let fair = client.fair_mutex("one-request").unwrap();
+    let mut conn = raw(&server).await;
+    let holder = fair.lock().await.unwrap();
+    let probe = conn.clone();
+    let queued = |n: i64| {
+        let conn = probe.clone();
+        move || {
+            let mut conn = conn.clone();
+            async move {
+                let len: i64 = redis::cmd("ZCARD")
+                    .arg("{redlease:one-request}:queue")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                len == n
+            }
+        }
+    };
+    let first = tokio::spawn({
+        let fair = fair.clone();
+        async move { fair.lock().await.unwrap().release().await.unwrap() }
+    });
+    eventually(5.0, "the first waiter queues", queued(1)).await;
+    eventually(5.0, "its subscription is confirmed", || {
+        let mut conn = conn.clone();
+        async move {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("{redlease:one-request}:wake:fair:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            channels.len() == 1
+        }
+    })
+    .await;
+    // Let the first waiter's second look (after its own subscription) go out.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let second = tokio::spawn({
+        let fair = fair.clone();
+        async move { fair.lock().await.unwrap().release().await.unwrap() }
+    });
+    eventually(5.0, "the second waiter queues", queued(2)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        1,
+        "the second waiter queued in one request"
+    );
+    holder.release().await.unwrap();
+    within(5.0, "the first waiter is served", first).await.unwrap();
+    within(5.0, "the second waiter is served", second).await.unwrap();
+}
+
+/// A plain-mutex client barges in ahead of the queue and releases without telling the
+/// fair waiters (its release knows nothing of them). The first of them is served
+/// within one heartbeat interval of the queue — not when the plain holder's 30 s lease
+/// would have ended — and the next fair release hands the lock on in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_left_free_by_a_plain_client_goes_to_the_queue_within_a_heartbeat() {
+    let server = server();
+    let waiter_ttl = Duration::from_millis(600);
+    let client = client(&server.url()).await;
+    let fair = client
+        .fair_mutex("barged")
+        .unwrap()
+        .with_waiter_ttl(waiter_ttl)
+        .unwrap();
+    let holder = fair.lock().await.unwrap();
+    let first = tokio::spawn({
+        let fair = fair.clone();
+        async move {
+            let guard = fair.lock().await.unwrap();
+            let at = Instant::now();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    eventually(5.0, "the first waiter queues", || {
+        let fair = fair.clone();
+        async move { queue_len(&fair).await == 1 }
+    })
+    .await;
+    let second = tokio::spawn({
+        let fair = fair.clone();
+        async move {
+            let guard = fair.lock().await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    eventually(5.0, "the second waiter queues", || {
+        let fair = fair.clone();
+        async move { queue_len(&fair).await == 2 }
+    })
+    .await;
+    // The fair holder's lock is taken over by a plain holder (as if its lease had run
+    // out and a plain client had been quicker), which then releases it.
+    let token = holder.forget();
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("DEL")
+        .arg("redlease:barged")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let plain = client
+        .mutex_with("barged", LeaseOptions::new().ttl(Duration::from_secs(30)))
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("the plain client barges in");
+    assert!(fair.release_token(&token).await.unwrap_err().is_not_held());
+    let released = Instant::now();
+    plain.release().await.unwrap();
+    let first = within(5.0, "the first waiter is served", first).await.unwrap();
+    let second = within(5.0, "the second waiter is served", second).await.unwrap();
+    let waited = first.duration_since(released);
+    eprintln!("the queue learned of the plain release after {waited:?}");
+    assert!(
+        waited <= waiter_ttl / 3 + Duration::from_millis(300),
+        "the first waiter waited {waited:?} after the plain release"
+    );
+    assert!(second > first, "served out of order");
+    assert_eq!(queue_len(&fair).await, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_renews_extends_and_reports_loss() {
     let server = server();
@@ -463,7 +616,6 @@ async fn every_key_expires_and_a_dropped_guard_wakes_the_next() {
         [
             "redlease:layout",
             "{redlease:layout}:alive",
-            "{redlease:layout}:meta",
             "{redlease:layout}:queue",
         ]
     );
@@ -486,12 +638,10 @@ async fn every_key_expires_and_a_dropped_guard_wakes_the_next() {
         "woken by the background release, not the 30 s TTL"
     );
     assert!(fence.get() > 0);
-    eventually(2.0, "only metadata is left", || {
+    // The waiter's guard was dropped too: nothing is left but the fencing counter.
+    eventually(2.0, "no key is left", || {
         let mut conn = conn.clone();
-        async move {
-            let keys = keys_but_fencing(&mut conn).await;
-            keys.len() == 1 && keys[0].1 > 0
-        }
+        async move { keys_but_fencing(&mut conn).await.is_empty() }
     })
     .await;
     let _ = &mut conn;
@@ -517,10 +667,7 @@ async fn a_cancelled_acquire_leaves_nothing_at_any_point() {
         let _ = tokio::time::timeout(Duration::from_micros(delay_us), mutex.lock()).await;
         eventually(2.0, "no orphan after cancellation", || {
             let mut conn = conn.clone();
-            async move {
-                let keys = keys_but_fencing(&mut conn).await;
-                keys.iter().all(|(k, _)| k == "{redlease:cancelled}:meta")
-            }
+            async move { keys_but_fencing(&mut conn).await.is_empty() }
         })
         .await;
     }
@@ -557,7 +704,10 @@ async fn a_retried_acquire_reports_the_lock_it_already_took() {
         get(&mut conn, "redlease:retried").await.as_deref(),
         Some(guard.token().expose())
     );
-    assert_eq!(mutex.status().await.unwrap().fence, Some(guard.fence()));
+    let status = mutex.status().await.unwrap();
+    assert!(status.held);
+    assert!(status.owner.is_some(), "the holder's label is in its token");
+    assert!(status.last_fence >= Some(guard.fence()));
 
     // A retried enqueue keeps one entry (and its place), not two.
     let (joined_tx, mut joined_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -147,12 +147,13 @@ async fn every_kind_of_held_lock_is_listed_and_nothing_else() {
         (queue.kind, queue.owner.as_deref()),
         (LockKind::FairMutex, Some("host-a:1"))
     );
-    assert_eq!((queue.fence, queue.waiters), (Some(fair.fence()), 1));
-    // Held alone, a fair mutex looks like any exclusive lock, with its fencing token.
+    // (A fair mutex records no fencing token, as the plain one.)
+    assert_eq!((queue.fence, queue.waiters), (None, 1));
+    // Held alone, a fair mutex looks like a plain one: the same token.
     let printer = by_name(&list, "printer");
     assert_eq!(
-        (printer.kind, printer.fence),
-        (LockKind::Mutex, Some(fair_alone.fence()))
+        (printer.kind, printer.fence, printer.owner.as_deref()),
+        (LockKind::Mutex, None, Some("host-a:1"))
     );
     let config = by_name(&list, "config");
     assert_eq!(

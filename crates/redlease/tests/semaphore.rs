@@ -45,7 +45,12 @@ async fn never_more_than_n_holders_and_all_n_are_used() {
     assert!(max <= N as usize, "{max} holders of {N} permits");
     assert_eq!(max, N as usize, "the {N} permits were never all used at once");
     let mut conn = raw(&server).await;
-    assert!(all_keys(&mut conn).await.is_empty(), "nothing is left behind");
+    // (Permits handed to waiters drew marks from the slot's fencing counter, which
+    // expires by itself.)
+    assert!(
+        keys_but_fencing(&mut conn).await.is_empty(),
+        "nothing is left behind"
+    );
 }
 
 /// A holder that stops renewing (crashed, hung, cut off) loses its permit within its
@@ -279,6 +284,122 @@ async fn a_release_wakes_a_waiter_without_polling() {
     assert!(*latencies.last().unwrap() < Duration::from_millis(500));
 }
 
+/// A release hands the freed permit to a waiter of another client: one request (the
+/// release) and one message, and the waiter holds the permit without a request of its
+/// own — nobody is woken to race for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_permit_to_a_registered_waiter_in_one_request() {
+    let server = server();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    let mut conn = raw(&server).await;
+    // The slot's fencing counter has issued a token: a waiter's busy answer carries its
+    // mark, against which a hand-over is known to be current. (Without any, the waiter
+    // confirms the hand-over with a request of its own.)
+    a.mutex("handed-mark")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let holder = a.semaphore("handed", 1).unwrap().acquire().await.unwrap();
+    let waiting = b.semaphore("handed", 1).unwrap();
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiter = tokio::spawn(async move {
+        let permit = waiting.acquire().await.unwrap();
+        got_tx.send(()).unwrap();
+        done_rx.await.unwrap();
+        permit.release().await.unwrap();
+    });
+    eventually(5.0, "the waiter registers", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:handed}:waiters").await == 1 }
+    })
+    .await;
+    // Let the waiter's second look (after its subscription) go out first.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    holder.release().await.unwrap();
+    within(5.0, "the waiter holds the permit", got_rx).await.unwrap();
+    assert_eq!(command_calls(&mut conn, "evalsha").await, 1, "the release alone");
+    assert_eq!(command_calls(&mut conn, "publish").await, 1, "one message");
+    assert_eq!(zcard(&mut conn, "redlease:handed").await, 1);
+    done_tx.send(()).unwrap();
+    within(5.0, "released", waiter).await.unwrap();
+    assert!(keys_but_fencing(&mut conn).await.is_empty());
+}
+
+/// A registered waiter whose process dies is handed a permit it never takes: the
+/// permit is back within the claim window (here the 600 ms lease), and the next waiter
+/// gets it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_handed_to_a_dead_waiter_comes_back_within_the_claim() {
+    let server = server();
+    let ttl = Duration::from_millis(600);
+    let options = LeaseOptions::new().ttl(ttl);
+    let holder_client = client(&server.url()).await;
+    let conn = raw(&server).await;
+    let holder = holder_client
+        .semaphore_with("doomed", 1, options)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    // The doomed waiter runs on its own runtime in its own thread.
+    let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
+    let url = server.url();
+    let doomed = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let client = client(&url).await;
+            let sem = client.semaphore_with("doomed", 1, options).unwrap();
+            tokio::select! {
+                _ = sem.acquire() => panic!("the doomed waiter must not get the permit"),
+                _ = kill_rx => {}
+            }
+        });
+        // The process "dies": its tasks never run again (no background clean-up).
+        rt.shutdown_background();
+    });
+    eventually(5.0, "the doomed waiter registers", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:doomed}:waiters").await == 1 }
+    })
+    .await;
+    let next_client = client(&server.url()).await;
+    let next = tokio::spawn(async move {
+        let sem = next_client.semaphore_with("doomed", 1, options).unwrap();
+        let permit = sem.acquire().await.unwrap();
+        let at = Instant::now();
+        permit.release().await.unwrap();
+        at
+    });
+    eventually(5.0, "the next waiter registers behind", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:doomed}:waiters").await == 2 }
+    })
+    .await;
+    kill_tx.send(()).unwrap();
+    doomed.join().unwrap();
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let acquired = within(10.0, "the next waiter gets the permit", next)
+        .await
+        .unwrap();
+    let stall = acquired.duration_since(released);
+    eprintln!("a permit handed to a dead waiter came back after {stall:?}");
+    assert!(stall <= ttl + Duration::from_millis(300), "stalled {stall:?}");
+}
+
 /// One process waits for 2 permits and for 1; a single permit is freed. The waiter
 /// woken first needs 2, cannot use it, and must hand the wake-up to the other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,14 +492,14 @@ async fn cancelled_or_dropped_acquisitions_leave_nothing() {
     drop(holder);
     eventually(2.0, "background release", || {
         let mut conn = conn.clone();
-        async move { all_keys(&mut conn).await.is_empty() }
+        async move { keys_but_fencing(&mut conn).await.is_empty() }
     })
     .await;
     for delay_us in [0u64, 20, 50, 100, 200, 400, 800, 1600] {
         let _ = tokio::time::timeout(Duration::from_micros(delay_us), sem.acquire_many(1)).await;
         eventually(2.0, "no orphan after cancellation", || {
             let mut conn = conn.clone();
-            async move { all_keys(&mut conn).await.is_empty() }
+            async move { keys_but_fencing(&mut conn).await.is_empty() }
         })
         .await;
     }

@@ -73,8 +73,10 @@ pub(crate) struct Waiting<'a> {
 /// The first attempt goes out at once (one round trip when uncontended). After a busy
 /// answer the waiter subscribes to the lock's channel, waits for the subscription to
 /// be confirmed, and tries again — a release between the two attempts is thus never
-/// missed. From then on it sleeps until a wake-up, the holder's remaining lease (plus
-/// jitter), or its deadline, whichever comes first.
+/// missed. (When another local waiter already listens on the channel, the waiter
+/// joins that subscription before its first attempt instead, and needs no second.)
+/// From then on it sleeps until a wake-up, the holder's remaining lease (plus jitter),
+/// or its deadline, whichever comes first.
 ///
 /// With a grant id, the waiter also takes a lock handed to it by a release: `on_grant`
 /// turns the grant's details into the acquisition, or `None` when the grant turned out
@@ -100,6 +102,12 @@ where
     let mut previous = None;
     // The next pause when polling a foreign holder.
     let mut poll = POLL_FIRST;
+    if spec.wait.waits()
+        && let Some(s) = spec.ctx.notifier.join_live(spec.channel)
+    {
+        grant = spec.grant.map(|id| s.expect_grant(id));
+        sub = Some(s);
+    }
     loop {
         let seen = sub.as_ref().map(Subscription::generation);
         let outcome = attempt(deadline).await;
@@ -233,15 +241,29 @@ pub(crate) struct Acquire<'a> {
 /// lock's channel (`g <id> <fence>`). The waiter then holds the lock without a round
 /// trip of its own — from no later than its last attempt that found the lock busy
 /// (the release came after it), for the claim window — and the renewal task extends it
-/// to the full lease at once. A grant it cannot rely on that way (made before its last
-/// busy attempt, or with too little of the claim left) makes it try again at once: the
-/// acquire script then finds the lock ours, with a fresh fencing token, or busy. A
-/// waiter that died after registering holds up the lock for at most the claim window.
+/// to the full lease once a third of that window has passed. A grant it cannot rely on
+/// that way (made before its last busy attempt, or with too little of the claim left,
+/// or any grant under a replica policy, which must be acknowledged like an acquire)
+/// makes it try again at once: the acquire script then finds the lock ours, with a fresh
+/// fencing token, or busy. A waiter that died after registering holds up the lock for at
+/// most the claim window.
 pub(crate) struct Granted<'a> {
     /// The waiter's public id.
     pub id: &'a str,
     /// How long a grant holds the lock before its waiter extends it.
     pub claim: Duration,
+}
+
+/// How long a lock (or permit) a release hands to a registered waiter holds before the
+/// waiter extends it: the longest a waiter that died after registering can hold it up.
+pub(crate) fn grant_claim(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_secs(2))
+}
+
+/// How long a waiter's registration lives without a new attempt (it tries again within
+/// half of that).
+pub(crate) fn register_life(ttl: Duration) -> Duration {
+    (ttl * 2).max(Duration::from_secs(2))
 }
 
 /// How much of a grant's claim window must be left for the waiter to rely on it without
@@ -403,14 +425,17 @@ impl LockBase {
                 // ours from no later than when that attempt was sent. A grant made before
                 // it is stale — the lock was ours then but no longer when the attempt ran
                 // (its claim ran out while this client stalled, and another took it).
+                // Under a replica policy the hand-over must be acknowledged like an acquire:
+                // the attempt below is (it waits for the replicas).
                 if let Some((busy, Some(mark))) = busy
+                    && ack.is_none()
                     && fence > mark
                     && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
                 {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }
-                // Not known to be current, or waited too long to rely on the claim window:
-                // try again at once. If the lock is ours (this grant, or a later one made
+                // Not known to be current, waited too long to rely on the claim window, or
+                // waiting for replicas: try again at once. If the lock is ours (this grant, or a later one made
                 // to our registration meanwhile) the acquire script says so with a fresh
                 // fencing token — never this grant's, which may be older than another
                 // holder's that came in between (a stale grant, then a new one).

@@ -27,6 +27,9 @@ pub(crate) struct Context {
     pub fence_keys: FenceKeys,
     /// The owner label stored beside each held lock.
     pub label: Arc<str>,
+    /// A random public id of this client (16 hex digits): it names the client's own
+    /// wake-up channels, where a release hands a lock to one of its waiters.
+    pub id: Arc<str>,
     /// Metadata retention in milliseconds, as the script argument.
     pub retention_arg: Arc<str>,
     /// `PUBLISH` or `SPUBLISH`, as the script argument.
@@ -74,6 +77,7 @@ impl Context {
             fence_keys: FenceKeys::new(&prefix, topology.is_cluster()),
             prefix,
             label: label.into(),
+            id: crate::token::public_id().into(),
             retention_arg: retention.as_millis().to_string().into(),
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),

@@ -102,11 +102,5 @@ impl WaiterTtl {
 
 /// A random public id for a waiter: 16 hex digits. Not a secret (it names a channel).
 pub(crate) fn waiter_id() -> String {
-    let r = getrandom::u64().unwrap_or_else(|_| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        t.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
-    });
-    format!("{r:016x}")
+    crate::token::public_id()
 }

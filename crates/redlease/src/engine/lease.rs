@@ -160,9 +160,12 @@ impl LeaseState {
         primitive: Option<Primitive>,
     ) -> Arc<Self> {
         let remaining = remaining.min(ttl);
-        // A lease with less than its full TTL left (a retried acquire) counts as one
-        // that started earlier, so its first renewal comes early enough.
-        let started = sent.checked_sub(ttl - remaining).unwrap_or(sent);
+        // A lease with less than its full TTL left (a retried acquire, a lock handed over
+        // for a claim window) is first renewed once a third of what is left has passed,
+        // as a full lease is after a third of its TTL: two thirds are still left for the
+        // renewal to come back. (It counts as confirmed that much earlier.) A short hold
+        // of a handed-over lock thus costs no renewal at all.
+        let started = sent.checked_sub((ttl - remaining) / 3).unwrap_or(sent);
         Arc::new(LeaseState {
             name,
             state: std::sync::Mutex::new(State {
@@ -528,6 +531,31 @@ mod tests {
             extended,
             "a later but shorter renewal proves less"
         );
+    }
+
+    #[tokio::test]
+    async fn a_short_lease_is_first_renewed_after_a_third_of_what_is_left() {
+        let call = ScriptCall::new(&MUTEX_EXTEND, Arc::new([]), Arc::new([]));
+        let sent = Instant::now();
+        let ttl = Duration::from_secs(30);
+        // A lock handed over for a 3 s claim window: renewed after 1 s, with 2 s left.
+        let handed = LeaseState::new(
+            "l".into(),
+            sent,
+            ttl,
+            Duration::from_secs(3),
+            Renew::Script(call.clone()),
+            true,
+            None,
+        );
+        assert_eq!(handed.next_renewal(), later(sent, Duration::from_secs(1)));
+        assert_eq!(
+            handed.valid_until(),
+            later(sent, Duration::from_secs(3) - drift(ttl))
+        );
+        // A full lease: after a third of its TTL.
+        let full = LeaseState::new("l".into(), sent, ttl, ttl, Renew::Script(call), true, None);
+        assert_eq!(full.next_renewal(), later(sent, Duration::from_secs(10)));
     }
 
     #[tokio::test]

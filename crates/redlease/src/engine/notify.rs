@@ -181,6 +181,27 @@ impl Notifier {
     }
 }
 
+impl Notifier {
+    /// Registers a local waiter on `channel` only if this client already listens to it
+    /// — another local waiter subscribed, and the server confirmed — so that every
+    /// message published from now on reaches it (or, if the connection breaks, the
+    /// waiter is woken as every other one is). `None` otherwise: then the waiter
+    /// subscribes after its first attempt, and tries once more once confirmed.
+    pub fn join_live(&self, channel: &str) -> Option<Subscription> {
+        let reg = self.registry.lock().expect("notifier lock");
+        let state = reg.channels.get(channel)?;
+        if !*state.subscribed.borrow() {
+            return None;
+        }
+        state.waiters.fetch_add(1, Ordering::Relaxed);
+        Some(Subscription {
+            notifier: self.clone(),
+            channel: channel.to_owned(),
+            state: state.clone(),
+        })
+    }
+}
+
 /// A local waiter's registration on a channel; unsubscribes when the last one drops.
 #[derive(Debug)]
 pub(crate) struct Subscription {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Busy, Granted, Reply};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
@@ -565,18 +565,6 @@ enum Free {
     /// Not acquired without the script, with the claim on what the attempt may have
     /// left behind.
     Not(Option<crate::engine::request::Claim>),
-}
-
-/// How long a lock a release hands to a waiter holds before the waiter extends it: the
-/// longest a waiter that died after registering can hold up the lock.
-fn grant_claim(ttl: Duration) -> Duration {
-    ttl.min(Duration::from_secs(2))
-}
-
-/// How long a waiter's registration lives without a new attempt (it tries again within
-/// half of that).
-fn register_life(ttl: Duration) -> Duration {
-    (ttl * 2).max(Duration::from_secs(2))
 }
 
 /// Reads the reply of `mutex_acquire.lua` (and `mutex_handoff.lua`, whose replies have

@@ -1,36 +1,38 @@
 -- fair_status.lua: describe a fair mutex and its queue without revealing any token.
 --
 -- KEYS[1]  lock key
--- KEYS[2]  meta key
--- KEYS[3]  queue
--- KEYS[4]  alive
+-- KEYS[2]  counter       the fencing counter of the lock's hash slot (see mark.lua)
+-- KEYS[3]  floor         its floor
+-- KEYS[4]  queue
+-- KEYS[5]  alive
 --
--- Reply: {held, pttl, label, fence, since_ms, last_fence, waiting, labels}
---   held..last_fence  as mutex_status.lua
---   waiting           live entries in the queue
---   labels            owner labels of the first 100 live entries, in order of service
+-- Reply: {held, pttl, label, false, false, mark, waiting, labels}
+--   held..mark  as mutex_status.lua (the holder's own fencing token and since when it
+--               holds are not recorded)
+--   waiting     live entries in the queue
+--   labels      owner labels of the first 100 live entries, in order of service
 --
--- Read-only: dead entries are skipped, not pruned.
+-- Read-only: dead entries are skipped, not dropped.
 local current = redis.call('GET', KEYS[1])
-local fence, since, token, label = parse_meta(redis.call('GET', KEYS[2]))
-local last = fence and string.format('%.0f', fence) or false
+local mark = fence_mark(KEYS[2], KEYS[3]) or false
 local now = server_ms()
-local waiting = redis.call('ZCOUNT', KEYS[4], '(' .. now, '+inf')
+local waiting = redis.call('ZCOUNT', KEYS[5], '(' .. now, '+inf')
 local labels = {}
-local members = redis.call('ZRANGE', KEYS[3], 0, 99)
+local members = redis.call('ZRANGE', KEYS[4], 0, 99)
 if #members > 0 then
-  local deadlines = redis.call('ZMSCORE', KEYS[4], unpack(members))
+  local deadlines = redis.call('ZMSCORE', KEYS[5], unpack(members))
   for i, member in ipairs(members) do
     if deadlines[i] and tonumber(deadlines[i]) > now then
-      labels[#labels + 1] = string.sub(member, 18)
+      -- "<32 hex id><32 hex>@<label>"
+      labels[#labels + 1] = string.sub(member, 66)
     end
   end
 end
 if not current then
-  return {0, -2, false, false, false, last, waiting, labels}
+  return {0, -2, false, false, false, mark, waiting, labels}
 end
-local pttl = redis.call('PTTL', KEYS[1])
-if token == current then
-  return {1, pttl, label, last, since, last, waiting, labels}
+local label = false
+if string.find(current, '^%x+@') == 1 and string.find(current, '@', 1, true) == 33 then
+  label = string.sub(current, 34)
 end
-return {1, pttl, false, false, false, last, waiting, labels}
+return {1, redis.call('PTTL', KEYS[1]), label, false, false, mark, waiting, labels}

@@ -2,8 +2,8 @@
 -- revealing a token. Read-only.
 --
 -- KEYS[1]  lock key    <prefix><name>
--- KEYS[2]  meta        {<lock key>}:meta: "<fence> <since_ms> <token> <label>" (fair
---                      mutex, read-write lock's writer)
+-- KEYS[2]  meta        {<lock key>}:meta: "<fence> <since_ms> <token> <label>" (the
+--                      read-write lock's writer)
 -- KEYS[3]  q           {<lock key>}:q: the plain mutex's waiters -> deadline (Redis ms)
 -- KEYS[4]  queue       {<lock key>}:queue: the fair mutex's queue
 -- KEYS[5]  alive       {<lock key>}:alive: fair waiter -> deadline
@@ -11,11 +11,14 @@
 -- KEYS[7]  writers     {<lock key>}:writers: waiting writer token -> deadline
 -- KEYS[8]  limit       {<lock key>}:limit: a semaphore's permit limit
 -- KEYS[9]  legacy      {<lock key>}:legacy: "<stamp> <token>" of redlease's legacy lock
+-- KEYS[10] waiters     {<lock key>}:waiters: a semaphore's waiting acquisitions ->
+--                      deadline
 --
 -- Reply: {kind, owner, pttl, fence, waiters, holders}
---   kind     'mutex' (redlease's plain mutex), 'exclusive' (the token and metadata of a
---            fair mutex or a read-write lock's writer, with nobody queued or reading
---            to tell which), 'fair', 'rwlock', 'semaphore', 'election', 'legacy',
+--   kind     'mutex' (redlease's plain mutex, or a fair mutex with nobody queued: they
+--            hold the same token), 'exclusive' (the token and metadata of a read-write
+--            lock's writer, with nobody reading or waiting to tell it), 'fair' (a fair
+--            mutex with waiters queued), 'rwlock', 'semaphore', 'election', 'legacy',
 --            'foreign' (a string in a format not redlease's: another library's lock),
 --            or 'none' (nothing held here, or not a lock)
 --   owner    the holder's owner label, or false
@@ -49,15 +52,15 @@ if kind == 'string' then
   local pttl = redis.call('PTTL', KEYS[1])
   local owner = plain_owner(value)
   if owner then
+    if redis.call('EXISTS', KEYS[4]) == 1 then
+      return {'fair', owner, pttl, false, live(KEYS[5]), 1}
+    end
     return {'mutex', owner, pttl, false, live(KEYS[3]), 1}
   end
   local fence, since, token, label = string.match(get(KEYS[2]) or '', '^(%d+) (%d+) (%S+) ?(.*)$')
   if token and token == value then
     if live(KEYS[6]) > 0 or live(KEYS[7]) > 0 then
       return {'rwlock', label, pttl, fence, live(KEYS[7]), 1}
-    end
-    if redis.call('EXISTS', KEYS[4]) == 1 then
-      return {'fair', label, pttl, fence, live(KEYS[5]), 1}
     end
     return {'exclusive', label, pttl, fence, 0, 1}
   end
@@ -77,7 +80,7 @@ end
 if kind == 'zset' and redis.call('EXISTS', KEYS[8]) == 1 then
   local permits = live(KEYS[1])
   if permits > 0 then
-    return {'semaphore', false, redis.call('PTTL', KEYS[1]), false, 0, permits}
+    return {'semaphore', false, redis.call('PTTL', KEYS[1]), false, live(KEYS[10]), permits}
   end
   return {'none', false, -1, false, 0, 0}
 end

@@ -127,6 +127,7 @@ const LEGACY: &str = include_str!("legacy.lua");
 /// Preludes of the lease-set scripts (fair mutex, read-write lock, semaphore).
 const EXPIRY: &str = include_str!("expiry.lua");
 const FAIR_QUEUE: &str = include_str!("fair_queue.lua");
+const SEM_WAITERS: &str = include_str!("sem_waiters.lua");
 
 /// The plain mutex's steps as local Lua functions taking that script's `KEYS` and
 /// `ARGV`, for the scripts that apply a step to several names at once: each name then
@@ -175,10 +176,10 @@ script!(LEGACY_ACQUIRE, "legacy_acquire", [LEGACY]);
 script!(LEGACY_RENEW, "legacy_renew", [LEGACY]);
 script!(LEGACY_RELEASE, "legacy_release", [LEGACY]);
 
-script!(FAIR_ACQUIRE, "fair_acquire", [MARK, FENCE, EXPIRY, FAIR_QUEUE]);
-script!(FAIR_HEARTBEAT, "fair_heartbeat", [EXPIRY, FAIR_QUEUE]);
-script!(FAIR_RELEASE, "fair_release", [EXPIRY, FAIR_QUEUE]);
-script!(FAIR_STATUS, "fair_status", [FENCE, EXPIRY]);
+script!(FAIR_ACQUIRE, "fair_acquire", [MARK, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_HEARTBEAT, "fair_heartbeat", [MARK, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_RELEASE, "fair_release", [MARK, EXPIRY, FAIR_QUEUE]);
+script!(FAIR_STATUS, "fair_status", [MARK, EXPIRY]);
 
 script!(RW_READ, "rw_read", [EXPIRY]);
 script!(RW_READ_EXTEND, "rw_read_extend", [EXPIRY]);
@@ -189,9 +190,9 @@ script!(RW_WRITE_RELEASE, "rw_write_release", [EXPIRY]);
 script!(RW_DOWNGRADE, "rw_downgrade", [EXPIRY]);
 script!(RW_STATUS, "rw_status", [FENCE, EXPIRY]);
 
-script!(SEM_ACQUIRE, "sem_acquire", [EXPIRY]);
+script!(SEM_ACQUIRE, "sem_acquire", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
-script!(SEM_RELEASE, "sem_release", [EXPIRY]);
+script!(SEM_RELEASE, "sem_release", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
 
 script!(LIST_LOCK, "list_lock", [OWNER]);
@@ -289,7 +290,9 @@ mod tests {
             assert!(!body.is_empty());
         }
         assert!(
-            MUTEX_ACQUIRE.code().starts_with("-- mark.lua") && FAIR_STATUS.code().starts_with("-- fence.lua"),
+            MUTEX_ACQUIRE.code().starts_with("-- mark.lua")
+                && FAIR_STATUS.code().starts_with("-- mark.lua")
+                && RW_STATUS.code().starts_with("-- fence.lua"),
             "fencing scripts carry their prelude"
         );
         for script in [&*LEGACY_ACQUIRE, &*LEGACY_RENEW, &*LEGACY_RELEASE] {

@@ -1,22 +1,32 @@
--- sem_release.lua: give back one acquisition's permits and wake as many waiters.
+-- sem_release.lua: give back one acquisition's permits, handing the room made to
+-- registered waiters; and, for a waiter that gives up, leave its registration.
 --
 -- KEYS[1]  permits   <prefix><name>
 -- KEYS[2]  limit     {<key>}:limit
+-- KEYS[3]  waiters   {<key>}:waiters
+-- KEYS[4]  counter   the fencing counter of the key's hash slot (see mark.lua)
+-- KEYS[5]  floor     its floor
 -- ARGV[1]  token     the acquisition's token
 -- ARGV[2]  count     how many permits it holds, or '0' when the caller does not know
 --                    (a release by token): every permit of the token goes
--- ARGV[3]  channel   wake-up channel {<key>}:wake
--- ARGV[4]  publish   'PUBLISH' or 'SPUBLISH'
+-- ARGV[3]  limit     the caller's permit limit (the one in force while it holds)
+-- ARGV[4]  prefix    the channels' prefix {<key>}:wake: (a client's is the prefix and
+--                    its id)
+-- ARGV[5]  publish   'PUBLISH' or 'SPUBLISH'
+-- ARGV[6]  claim_ms  how long handed-out permits hold before their new holder extends
+--                    them
+-- ARGV[7]  registration  this acquisition's registration to leave, or '' (never
+--                    registered)
 --
 -- Reply: 1  released by this call
 --        0  not held: released before, or lapsed (lapsed permits are pruned first, so
 --           an expired lease is never reported as released)
 --
--- The message carries the number of permits freed (ours plus lapsed ones), and wakes
--- that many waiters in each listening process. The limit is forgotten with the last
--- permit. Five calls while other permits are held.
+-- The permits freed (ours and lapsed ones) go to registered waiters that fit (see
+-- sem_waiters.lua); the limit is forgotten with the last permit. Five calls while
+-- other permits are held and nobody waits; eleven for a hand-over of one permit.
 local now = server_ms()
-local freed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lapsed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local removed = 0
 local count = tonumber(ARGV[2])
 if count > 0 then
@@ -31,12 +41,23 @@ else
     removed = removed + 1
   end
 end
-freed = freed + removed
-if freed > 0 then
-  if redis.call('EXISTS', KEYS[1]) == 0 then
+if ARGV[7] ~= '' then
+  redis.call('ZREM', KEYS[3], ARGV[7])
+end
+if removed + lapsed > 0 then
+  local used = redis.call('ZCARD', KEYS[1])
+  local limit = tonumber(ARGV[3])
+  if used < limit then
+    local free = hand_out(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], ARGV[4], ARGV[5],
+      ARGV[6], limit - used, now)
+    if type(free) == 'table' then
+      return free
+    end
+    used = limit - free
+  end
+  if used == 0 then
     redis.call('DEL', KEYS[2])
   end
-  redis.call(ARGV[4], ARGV[3], freed)
 end
 if removed > 0 then
   return 1

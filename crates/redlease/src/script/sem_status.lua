@@ -2,11 +2,13 @@
 --
 -- KEYS[1]  permits   <prefix><name>
 -- KEYS[2]  limit     {<key>}:limit
+-- KEYS[3]  waiters   {<key>}:waiters
 --
--- Reply: {limit, in_use, next_lapse_ms}
+-- Reply: {limit, in_use, next_lapse_ms, waiting}
 --   limit          the limit in force (false when no permit is held)
 --   in_use         permits held with a live lease
 --   next_lapse_ms  until the earliest live permit lapses unless renewed (-1: none)
+--   waiting        live registrations: acquisitions waiting for permits
 --
 -- Read-only: lapsed permits are not counted, not pruned.
 local stored = redis.call('GET', KEYS[2])
@@ -17,4 +19,4 @@ local lapse = -1
 if first[2] then
   lapse = tonumber(first[2]) - now
 end
-return {stored or false, in_use, lapse}
+return {stored or false, in_use, lapse, redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')}

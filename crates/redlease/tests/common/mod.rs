@@ -74,6 +74,21 @@ pub async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i6
     redis::cmd("PTTL").arg(key).query_async(conn).await.expect("PTTL")
 }
 
+/// How many times the server ran `command` (lower case, as `INFO commandstats` names
+/// it) since it started or since `CONFIG RESETSTAT`.
+pub async fn command_calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
 /// Every key in the server with its TTL in ms (-1: none).
 pub async fn all_keys(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, i64)> {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await.expect("KEYS");
