@@ -21,6 +21,7 @@ fn main() {
         Some("no-stale-grant-check") => Variant::NoStaleGrantCheck,
         Some("unstarted-mark") => Variant::UnstartedMark,
         Some("confirmed-grant-fence") => Variant::ConfirmedGrantFence,
+        Some("multi-one-token") => Variant::MultiOneToken,
         Some(other) => {
             eprintln!("error: unknown variant {other}");
             std::process::exit(2);

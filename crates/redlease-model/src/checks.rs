@@ -124,6 +124,24 @@ pub fn semaphore() -> Check {
     }
 }
 
+/// The multi-lock over `x` and `y` (client `A`, two attempts: each takes a fresh token)
+/// beside a plain mutex of `x` (client `B`, one acquisition): the plain holder keeps the
+/// multi-lock out and the other way round, a release hands `x` to a plain waiter or wakes
+/// the multi-lock's, an acquisition that gives up, fenced writes to each name's
+/// resource.
+pub fn multi() -> Check {
+    Check {
+        name: "multi",
+        about: "a multi-lock over x and y (two attempts) beside a plain mutex of x: hand-overs, wake-ups, a give-up, fenced writes",
+        kind: Kind::Multi,
+        bounds: Bounds {
+            giveups: 1,
+            writes: true,
+            ..Bounds::acquisitions(&[2, 1])
+        },
+    }
+}
+
 /// Every check CI runs.
 pub fn ci() -> Vec<Check> {
     vec![
@@ -134,6 +152,7 @@ pub fn ci() -> Vec<Check> {
         mutex_counter(),
         election(),
         semaphore(),
+        multi(),
     ]
 }
 
@@ -185,6 +204,26 @@ pub fn long() -> Vec<Check> {
             },
         },
         Check {
+            name: "multi-contention-long",
+            about: "a multi-lock (three attempts) beside a plain mutex of x (two acquisitions), fenced writes",
+            kind: Kind::Multi,
+            bounds: Bounds {
+                writes: true,
+                ..Bounds::acquisitions(&[3, 2])
+            },
+        },
+        Check {
+            name: "multi-lost-messages-long",
+            about: "a multi-lock beside a plain mutex of x, a lost message, a retried request, a give-up",
+            kind: Kind::Multi,
+            bounds: Bounds {
+                losses: 1,
+                timeouts: 1,
+                giveups: 1,
+                ..Bounds::acquisitions(&[2, 1])
+            },
+        },
+        Check {
             name: "semaphore-long",
             about: "two permits among three clients, a lost message and a retried request",
             kind: SEMAPHORE,
@@ -210,6 +249,7 @@ pub fn for_variant(variant: Variant) -> (Check, &'static str) {
         Variant::NoStaleGrantCheck => (mutex_contention(), property::MUTUAL_EXCLUSION),
         Variant::UnstartedMark => (mutex_counter(), property::MUTUAL_EXCLUSION),
         Variant::ConfirmedGrantFence => (mutex_contention(), property::FENCING),
+        Variant::MultiOneToken => (multi(), property::MUTUAL_EXCLUSION),
     }
 }
 

@@ -55,3 +55,15 @@ fn election_long() {
 fn semaphore_long() {
     holds(long("semaphore-long"));
 }
+
+#[test]
+#[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
+fn multi_contention_long() {
+    holds(long("multi-contention-long"));
+}
+
+#[test]
+#[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
+fn multi_lost_messages_long() {
+    holds(long("multi-lost-messages-long"));
+}

@@ -51,3 +51,20 @@ fn semaphore_reaches_a_lost_lease_and_a_hand_over_tried_again() {
         ],
     );
 }
+
+#[test]
+fn multi_lock_reaches_hand_overs_wake_ups_and_a_give_back() {
+    reaches(
+        checks::multi(),
+        &[
+            "a hand-over is taken without a round trip",
+            "a lease is lost",
+            "a multi-lock acquisition takes every name on a later attempt",
+            "a multi-lock attempt that took every name too late gives them back",
+            "a multi-lock's release hands a name to a plain waiter",
+            "a release wakes a multi-lock waiter and hands the name to nobody",
+            "a stale holder's write is refused",
+            "an acquire finds its own token",
+        ],
+    );
+}

@@ -100,9 +100,17 @@ fn confirming_an_unreliable_hand_over_keeps_a_fencing_token_below_the_holder_bef
 }
 
 #[test]
+fn a_multi_lock_with_one_token_for_all_its_attempts_frees_its_own_names_with_a_late_give_back() {
+    let trace = counterexample(Variant::MultiOneToken);
+    assert!(trace.contains("too late for a lease"), "{trace}");
+    assert!(trace.contains("multi_release.lua(A1)"), "{trace}");
+    assert!(trace.contains("2 believe they hold x at once"), "{trace}");
+}
+
+#[test]
 fn every_broken_variant_has_a_test() {
     // The tests above, one per variant: a new variant needs one.
-    assert_eq!(Variant::BROKEN.len(), 8);
+    assert_eq!(Variant::BROKEN.len(), 9);
     for variant in Variant::BROKEN {
         let (_, expected) = checks::for_variant(variant);
         let properties = [
