@@ -167,8 +167,9 @@ impl Timing {
 /// budget for the whole run.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Bounds {
-    /// Acquisitions each client may start (a local hand-over counts as one): the
-    /// length of this list is the number of clients.
+    /// Acquisitions each client may start (a local hand-over counts as one; for a
+    /// multi-lock client, each attempt, which takes a fresh token): the length of this
+    /// list is the number of clients.
     pub acquisitions: Vec<u8>,
     /// Requests, replies or hand-over messages the network may lose.
     pub losses: u8,

@@ -215,9 +215,10 @@ pub enum Action {
     HandOver(u8),
     /// Broken variant: client `c` sends the `PEXPIRE` that follows its `SET NX`.
     SendExpire(u8),
-    /// Client `c` writes to the fenced resource with its guard's fencing token —
-    /// whether its lease is still valid or not: a holder that checked its lease, then
-    /// paused (or whose write was slow on the network), writes after its lease ended.
+    /// Client `c` writes to the fenced resource of each name it holds, with its guard's
+    /// fencing token of that name — whether its lease is still valid or not: a holder
+    /// that checked its lease, then paused (or whose write was slow on the network),
+    /// writes after its lease ended.
     Write(u8),
     /// Client `c` crashes.
     Crash(u8),
