@@ -19,7 +19,9 @@ fn main() {
         Some("no-drift-margin") => Variant::NoDriftMargin,
         Some("no-idempotent-retry") => Variant::NoIdempotentRetry,
         Some("no-stale-grant-check") => Variant::NoStaleGrantCheck,
-        Some("unseeded-mark") => Variant::UnseededMark,
+        Some("unstarted-mark") => Variant::UnstartedMark,
+        Some("confirmed-grant-fence") => Variant::ConfirmedGrantFence,
+        Some("multi-one-token") => Variant::MultiOneToken,
         Some(other) => {
             eprintln!("error: unknown variant {other}");
             std::process::exit(2);

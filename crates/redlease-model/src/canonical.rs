@@ -2,10 +2,10 @@
 //! visits each only once (see docs/model.md, "Abstractions").
 
 use crate::client::Phase;
-use crate::config::Fence;
+use crate::config::{Fence, NAMES};
 use crate::model::{LockModel, State};
-use crate::net::{Msg, Reply, Req, Slot};
-use crate::server::Counter;
+use crate::net::{Msg, Reply, Req, Slot, Waiter};
+use crate::server::{Counter, SMALL};
 
 impl LockModel {
     /// Canonical form, so that states that behave the same are one state: requests
@@ -42,7 +42,16 @@ impl LockModel {
                     Req::Get { .. } => true,
                     Req::Extend { token, .. } | Req::Release { token, .. } => !s.may_hold(token),
                     Req::HandOff { old, new } => !s.may_hold(old) && !s.may_hold(new),
+                    // Leaves a registration: nothing to do once none is left or
+                    // can be made.
+                    Req::MultiLeave { reg } => {
+                        !s.server.names.iter().any(|name| name.waiters.contains(&Waiter::Wake(reg)))
+                            && !s.net.iter().any(|m| {
+                                matches!(m, Msg::Request { req: Req::MultiAcquire { reg: r, .. }, .. } if *r == reg)
+                            })
+                    }
                     Req::Pipeline { .. }
+                    | Req::MultiAcquire { .. }
                     | Req::Acquire { .. }
                     | Req::ReleaseUnchecked { .. }
                     | Req::Expire { .. } => false,
@@ -67,32 +76,44 @@ impl LockModel {
     }
 }
 
-/// Renumbers the fencing tokens in `s` to the smallest numbers in the same order, two
-/// apart: every script only compares them, or issues one more than the counter (which
-/// then lands between the counter and the next value above it, as it does in Redis,
-/// where the floor is far above the counter). Runs that differ only by how many tokens
-/// were issued on the way become one.
+/// Renumbers the fencing tokens in `s` to the smallest numbers in the same order,
+/// [`NAMES`]` + 1` apart: every script only compares them, or issues one more than the
+/// counter — a multi-lock's acquire one per name — which then land between the counter
+/// and the next value above it, as they do in Redis, where the floor is far above the
+/// counter. Runs that differ only by how many tokens were issued on the way become one.
+///
+/// [`SMALL`] (a counter not started yet, read as a mark) stays as it is: the scripts produce it
+/// as a constant, so it must mean the same in every state.
 pub fn canonical_fences(s: &mut State) {
+    let values = fence_values(s);
+    visit_fences(s, &mut |f| *f = canonical_fence(&values, *f));
+}
+
+/// The distinct fencing tokens of `s` but [`SMALL`], sorted.
+fn fence_values(s: &mut State) -> Vec<Fence> {
     let mut values = Vec::new();
-    visit_fences(s, &mut |f| values.push(*f));
+    visit_fences(s, &mut |f| {
+        if *f != SMALL {
+            values.push(*f);
+        }
+    });
     values.sort_unstable();
     values.dedup();
-    visit_fences(s, &mut |f| *f = canonical_fence(&values, *f));
+    values
 }
 
 /// What `fence` becomes when the state's fencing tokens are `values` (sorted).
 fn canonical_fence(values: &[Fence], fence: Fence) -> Fence {
+    if fence == SMALL {
+        return SMALL;
+    }
     let rank = values.binary_search(&fence).expect("a fence of the state") as Fence;
-    2 * (rank + 1)
+    (NAMES as Fence + 1) * (rank + 1)
 }
 
 /// The message `m` of state `s` as it reads once `s` is renumbered.
 pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
-    let mut copy = s.clone();
-    let mut values = Vec::new();
-    visit_fences(&mut copy, &mut |f| values.push(*f));
-    values.sort_unstable();
-    values.dedup();
+    let values = fence_values(&mut s.clone());
     let mut m = *m;
     match &mut m {
         Msg::Grant { fence, .. } => *fence = canonical_fence(&values, *fence),
@@ -104,6 +125,11 @@ pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
                 fence: Some(fence), ..
             } => *fence = canonical_fence(&values, *fence),
             Reply::Busy { mark: Some(mark), .. } => *mark = canonical_fence(&values, *mark),
+            Reply::MultiAcquired { fences, .. } => {
+                for fence in fences {
+                    *fence = canonical_fence(&values, *fence);
+                }
+            }
             _ => {}
         },
         Msg::Request { .. } => {}
@@ -114,16 +140,26 @@ pub fn canonical_msg(s: &State, m: &Msg) -> Msg {
 /// Calls `f` on every fencing token in the state.
 fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
     let server = &mut s.server;
-    if let Counter::Seeded(c) = &mut server.counter {
+    if let Counter::Started(c) = &mut server.counter {
         f(c);
     }
-    for v in [&mut server.floor, &mut s.resource.highest].into_iter().flatten() {
+    for v in [&mut server.floor, &mut server.issued].into_iter().flatten() {
         f(v);
     }
-    if let Some(key) = &mut server.lock
-        && key.term > 0
-    {
-        f(&mut key.term);
+    for r in &mut s.resources {
+        if let Some(v) = &mut r.highest {
+            f(v);
+        }
+    }
+    for name in &mut server.names {
+        if let Some(v) = &mut name.take_floor {
+            f(v);
+        }
+        if let Some(key) = &mut name.lock
+            && key.term > 0
+        {
+            f(&mut key.term);
+        }
     }
     if let Some((term, _)) = &mut server.last_term {
         f(term);
@@ -139,7 +175,7 @@ fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
                 }
             }
             Phase::Holding(h) => {
-                if let Some(fence) = &mut h.fence {
+                for fence in h.fences.iter_mut().flatten() {
                     f(fence);
                 }
             }
@@ -157,6 +193,7 @@ fn visit_fences(s: &mut State, f: &mut impl FnMut(&mut Fence)) {
                     fence: Some(fence), ..
                 } => f(fence),
                 Reply::Busy { mark: Some(mark), .. } => f(mark),
+                Reply::MultiAcquired { fences, .. } => fences.iter_mut().for_each(&mut *f),
                 _ => {}
             },
             Msg::Request { .. } => {}

@@ -124,6 +124,24 @@ pub fn semaphore() -> Check {
     }
 }
 
+/// The multi-lock over `x` and `y` (client `A`, two attempts: each takes a fresh token)
+/// beside a plain mutex of `x` (client `B`, one acquisition): the plain holder keeps the
+/// multi-lock out and the other way round, a release hands `x` to a plain waiter or wakes
+/// the multi-lock's, an acquisition that gives up, fenced writes to each name's
+/// resource.
+pub fn multi() -> Check {
+    Check {
+        name: "multi",
+        about: "a multi-lock over x and y (two attempts) beside a plain mutex of x: hand-overs, wake-ups, a give-up, fenced writes",
+        kind: Kind::Multi,
+        bounds: Bounds {
+            giveups: 1,
+            writes: true,
+            ..Bounds::acquisitions(&[2, 1])
+        },
+    }
+}
+
 /// Every check CI runs.
 pub fn ci() -> Vec<Check> {
     vec![
@@ -134,21 +152,14 @@ pub fn ci() -> Vec<Check> {
         mutex_counter(),
         election(),
         semaphore(),
+        multi(),
     ]
 }
 
-/// The longer run: the checks with more at once. Each takes minutes and gigabytes.
+/// The longer run: the checks with more at once. Minutes and gigabytes each (see
+/// docs/model.md).
 pub fn long() -> Vec<Check> {
     vec![
-        Check {
-            name: "mutex-lost-messages-long",
-            about: "three acquisitions by two clients, a lost message, a retried request, a give-up",
-            kind: Kind::Mutex,
-            bounds: Bounds {
-                acquisitions: vec![2, 1],
-                ..mutex_lost_messages().bounds
-            },
-        },
         Check {
             name: "mutex-every-fault",
             about: "two acquisitions, with every fault at once",
@@ -160,8 +171,27 @@ pub fn long() -> Vec<Check> {
                 crashes: 1,
                 counter_losses: 1,
                 extends: 1,
-                writes: true,
                 ..Bounds::acquisitions(&[1, 1])
+            },
+        },
+        Check {
+            name: "mutex-contention-long",
+            about: "three acquisitions by two clients, an extend, the counter expiring, fenced writes",
+            kind: Kind::Mutex,
+            bounds: Bounds {
+                counter_losses: 1,
+                extends: 1,
+                ..mutex_contention().bounds
+            },
+        },
+        Check {
+            name: "mutex-lost-messages-long",
+            about: "three acquisitions by two clients, a lost message, a retried request",
+            kind: Kind::Mutex,
+            bounds: Bounds {
+                losses: 1,
+                timeouts: 1,
+                ..Bounds::acquisitions(&[2, 1])
             },
         },
         Check {
@@ -171,6 +201,26 @@ pub fn long() -> Vec<Check> {
             bounds: Bounds {
                 extends: 1,
                 ..election().bounds
+            },
+        },
+        Check {
+            name: "multi-contention-long",
+            about: "a multi-lock (three attempts) beside a plain mutex of x (two acquisitions), fenced writes",
+            kind: Kind::Multi,
+            bounds: Bounds {
+                writes: true,
+                ..Bounds::acquisitions(&[3, 2])
+            },
+        },
+        Check {
+            name: "multi-lost-messages-long",
+            about: "a multi-lock beside a plain mutex of x, a lost message, a retried request, a give-up",
+            kind: Kind::Multi,
+            bounds: Bounds {
+                losses: 1,
+                timeouts: 1,
+                giveups: 1,
+                ..Bounds::acquisitions(&[2, 1])
             },
         },
         Check {
@@ -197,7 +247,9 @@ pub fn for_variant(variant: Variant) -> (Check, &'static str) {
         Variant::NoDriftMargin => (mutex_contention(), property::MUTUAL_EXCLUSION),
         Variant::NoIdempotentRetry => (mutex_lost_messages(), property::TRUTHFUL),
         Variant::NoStaleGrantCheck => (mutex_contention(), property::MUTUAL_EXCLUSION),
-        Variant::UnseededMark => (mutex_counter(), property::MUTUAL_EXCLUSION),
+        Variant::UnstartedMark => (mutex_counter(), property::MUTUAL_EXCLUSION),
+        Variant::ConfirmedGrantFence => (mutex_contention(), property::FENCING),
+        Variant::MultiOneToken => (multi(), property::MUTUAL_EXCLUSION),
     }
 }
 

@@ -18,8 +18,18 @@
 //! hand-over's claim window counts as `max_drift` ticks longer when the waiter decides
 //! whether to rely on it.
 
-use crate::config::{Fence, Time, Timing};
+use crate::config::{Fence, NAMES, Time, Timing};
 use crate::net::{Slot, Tok};
+
+/// A fencing token per name (`None`: not held, or not fenced).
+pub type Fences = [Option<Fence>; NAMES];
+
+/// Fencing token `fence` for name `n` only.
+pub fn fence_of(n: usize, fence: Option<Fence>) -> Fences {
+    let mut fences = [None; NAMES];
+    fences[n] = fence;
+    fences
+}
 
 /// Why a lease ended (`engine/lease.rs`, `LostReason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,17 +55,24 @@ pub enum Attempt {
 /// `engine/acquire.rs`, `LockBase::acquire` and `acquire_loop`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Acquiring {
+    /// The token of the attempts (a multi-lock's: of the current attempt; each attempt
+    /// has a fresh one).
     pub token: Tok,
+    /// The acquisition's waiter id (`waiter_id()`): the token of its first attempt.
+    pub id: Tok,
     /// The attempt in flight.
     pub attempt: Option<Attempt>,
-    /// A busy answer left a registration: attempts now send wait mode '2'.
+    /// A busy answer left a registration: attempts now send wait mode '2'. (A
+    /// multi-lock's: an attempt was sent since the last one that took every name, so
+    /// some name may hold the registration — `Registration::groups`.)
     pub registered: bool,
     /// Some attempt was sent: giving up arms the undo (`request.rs`, `Claim`).
     pub tried: bool,
     /// How long ago the last attempt that found the lock busy was sent, and the fencing mark it saw (`last_busy`). Also: the waiter has
     /// subscribed, so it hears hand-overs.
     pub last_busy: Option<(Time, Option<Fence>)>,
-    /// A hand-over with this fence is being confirmed by an extend.
+    /// Broken variant (before 8da374b): a hand-over with this fence is being confirmed
+    /// by an extend.
     pub confirm: Option<Fence>,
 }
 
@@ -63,6 +80,7 @@ impl Acquiring {
     pub fn new(token: Tok) -> Self {
         Acquiring {
             token,
+            id: token,
             attempt: None,
             registered: false,
             tried: false,
@@ -76,7 +94,8 @@ impl Acquiring {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Holding {
     pub token: Tok,
-    pub fence: Option<Fence>,
+    /// The fencing token of each name held (a lock of one name: at its index).
+    pub fences: Fences,
     /// Ticks of real time until the client's clock reaches `valid_until` (0 once
     /// ended).
     pub valid_for: Time,
@@ -101,7 +120,7 @@ impl Holding {
     /// - margin` by the client's clock (plus the drift, in real time).
     pub fn new(
         token: Tok,
-        fence: Option<Fence>,
+        fences: Fences,
         age: Time,
         remaining: Time,
         ttl: Time,
@@ -111,7 +130,7 @@ impl Holding {
         let remaining = remaining.min(ttl);
         let mut h = Holding {
             token,
-            fence,
+            fences,
             valid_for: (remaining + t.max_drift)
                 .saturating_sub(margin)
                 .saturating_sub(age),

@@ -19,6 +19,13 @@ pub type Time = u8;
 /// A fencing token (or an election's term).
 pub type Fence = u16;
 
+/// How many names the server has keys for: the multi-lock's `x` and `y` (a lock of one
+/// name uses `x`).
+pub const NAMES: usize = 2;
+
+/// The names, as traces show them.
+pub const NAME: [char; NAMES] = ['x', 'y'];
+
 /// Which lock is modelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -30,14 +37,58 @@ pub enum Kind {
     /// Leader election (`election/`, `election_*.lua`): the leader's term is its fencing
     /// token.
     Election,
+    /// The multi-lock (`multi/`, `multi_*.lua`) over the names `x` and `y`, which share
+    /// a hash slot (one script takes both), mixed with plain mutexes of those names: the
+    /// first client (`A`) takes the multi-lock, the second (`B`) the plain mutex of `x`,
+    /// a third (`C`) the plain mutex of `y`.
+    Multi,
+}
+
+/// What one client locks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lock {
+    /// One name's lock (the only lock of the mutex, the semaphore, the election: `x`).
+    Name(usize),
+    /// Every name, as one multi-lock.
+    Multi,
+}
+
+impl Lock {
+    /// Whether a holding of this lock holds name `n`.
+    pub fn covers(self, n: usize) -> bool {
+        match self {
+            Lock::Name(m) => m == n,
+            Lock::Multi => true,
+        }
+    }
 }
 
 impl Kind {
     /// How many holders may believe they hold at once.
+    /// (For the multi-lock: per name.)
     pub fn holders(self) -> usize {
         match self {
             Kind::Semaphore { limit } => usize::from(limit),
-            Kind::Mutex | Kind::Election => 1,
+            Kind::Mutex | Kind::Election | Kind::Multi => 1,
+        }
+    }
+
+    /// What client `c` locks.
+    pub fn lock_of(self, c: u8) -> Lock {
+        match (self, c) {
+            (Kind::Multi, 0) => Lock::Multi,
+            (Kind::Multi, 2) => Lock::Name(1),
+            _ => Lock::Name(0),
+        }
+    }
+
+    /// Whether client `c` takes plain mutexes (which try a free lock with the pipeline
+    /// first, and take hand-overs).
+    pub fn plain_mutex(self, c: u8) -> bool {
+        match self {
+            Kind::Mutex => true,
+            Kind::Multi => self.lock_of(c) != Lock::Multi,
+            Kind::Semaphore { .. } | Kind::Election => false,
         }
     }
 
@@ -116,8 +167,9 @@ impl Timing {
 /// budget for the whole run.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Bounds {
-    /// Acquisitions each client may start (a local hand-over counts as one): the
-    /// length of this list is the number of clients.
+    /// Acquisitions each client may start (a local hand-over counts as one; for a
+    /// multi-lock client, each attempt, which takes a fresh token): the length of this
+    /// list is the number of clients.
     pub acquisitions: Vec<u8>,
     /// Requests, replies or hand-over messages the network may lose.
     pub losses: u8,
@@ -177,10 +229,19 @@ pub struct Rules {
     /// fencing mark of the waiter's last busy attempt (`engine/acquire.rs`, commit
     /// 353cd23). Without it: only the claim window's timing is checked.
     pub stale_grant_check: bool,
-    /// The fencing mark is the counter only once a script seeded it (`mark.lua`,
+    /// A hand-over the waiter cannot rely on makes it try again at once, and the
+    /// acquire script gives it a fresh fencing token (`engine/acquire.rs`, `on_grant`,
+    /// commit 8da374b). Without it: the hand-over is confirmed by an extend, and the
+    /// waiter holds with the hand-over's own token.
+    pub retry_unreliable_grant: bool,
+    /// The fencing mark is the counter only once a script started it (`mark.lua`,
     /// `fence_mark`, commit 8d1a808). Without it: a counter that the pipelined `INCR`
     /// made after it expired, reading a few units, is taken for the mark.
-    pub seeded_mark: bool,
+    pub started_mark: bool,
+    /// Each attempt of a multi-lock acquisition has a fresh token (`multi/mod.rs`,
+    /// `attempt`), so that a late give-back of one attempt never frees a later
+    /// attempt's names. Without it: one token for every attempt of an acquisition.
+    pub fresh_multi_token: bool,
 }
 
 impl Rules {
@@ -192,7 +253,9 @@ impl Rules {
         drift_margin: true,
         idempotent_retry: true,
         stale_grant_check: true,
-        seeded_mark: true,
+        retry_unreliable_grant: true,
+        started_mark: true,
+        fresh_multi_token: true,
     };
 }
 
@@ -213,20 +276,27 @@ pub enum Variant {
     NoIdempotentRetry,
     /// A hand-over is taken on the claim window's timing alone (before commit 353cd23).
     NoStaleGrantCheck,
-    /// An unseeded counter is taken for the fencing mark (before commit 8d1a808).
-    UnseededMark,
+    /// A counter not started yet is taken for the fencing mark (before commit 8d1a808).
+    UnstartedMark,
+    /// A hand-over the waiter cannot rely on is confirmed by an extend and kept with its
+    /// own fencing token (before commit 8da374b).
+    ConfirmedGrantFence,
+    /// A multi-lock acquisition uses one token for all its attempts.
+    MultiOneToken,
 }
 
 impl Variant {
     /// Every broken variant.
-    pub const BROKEN: [Variant; 7] = [
+    pub const BROKEN: [Variant; 9] = [
         Variant::NoReplyOrdering,
         Variant::SetNxThenExpire,
         Variant::GetThenDel,
         Variant::NoDriftMargin,
         Variant::NoIdempotentRetry,
         Variant::NoStaleGrantCheck,
-        Variant::UnseededMark,
+        Variant::UnstartedMark,
+        Variant::ConfirmedGrantFence,
+        Variant::MultiOneToken,
     ];
 
     pub fn rules(self) -> Rules {
@@ -257,8 +327,16 @@ impl Variant {
                 stale_grant_check: false,
                 ..real
             },
-            Variant::UnseededMark => Rules {
-                seeded_mark: false,
+            Variant::UnstartedMark => Rules {
+                started_mark: false,
+                ..real
+            },
+            Variant::ConfirmedGrantFence => Rules {
+                retry_unreliable_grant: false,
+                ..real
+            },
+            Variant::MultiOneToken => Rules {
+                fresh_multi_token: false,
                 ..real
             },
         }
@@ -281,7 +359,11 @@ impl fmt::Display for Variant {
             Variant::NoStaleGrantCheck => {
                 "a hand-over taken on the claim window's timing alone (before 353cd23)"
             }
-            Variant::UnseededMark => "an unseeded fencing counter taken for the mark (before 8d1a808)",
+            Variant::UnstartedMark => "a fencing counter not started yet taken for the mark (before 8d1a808)",
+            Variant::ConfirmedGrantFence => {
+                "an unreliable hand-over confirmed by an extend, with its own fencing token (before 8da374b)"
+            }
+            Variant::MultiOneToken => "a multi-lock acquisition with one token for all its attempts",
         })
     }
 }

@@ -8,9 +8,9 @@
 //! within the bounds and checks, in each:
 //!
 //! - **mutual exclusion of belief**: no two clients (for a semaphore: no more than its
-//!   limit) believe they hold at the same instant of real time — `now < valid_until`
-//!   by their own clock, and the lease not lost;
-//! - **fencing**: the fenced resource never accepts two holders' writes interleaved;
+//!   limit; for the multi-lock: per name) believe they hold at the same instant of real
+//!   time — `now < valid_until` by their own clock, and the lease not lost;
+//! - **fencing**: a fenced resource never accepts two holders' writes interleaved;
 //! - **no orphan**: a key whose token nobody can renew or release any more lives at
 //!   most one TTL;
 //! - **a lost reply does not lie**: an acquire is never told the lock is busy while
@@ -35,10 +35,9 @@
 //! scripts.rs   the mirrored scripts and the hashes they were reviewed at
 //! ```
 //!
-//! Multi-lock (all-or-nothing over several keys) is not modelled yet: it would be a
-//! fourth [`Kind`] whose server holds several [`server::Key`]s, whose acquire and
-//! release run over all of them in one step, and whose belief property counts a holder
-//! once per key.
+//! The multi-lock is a fourth [`Kind`]: the server holds the keys of two names (`x`
+//! and `y`, in one hash slot), its acquire, renewal and release run over both in one
+//! step, beside a plain mutex of one of them, and the properties are checked per name.
 
 pub mod canonical;
 pub mod checks;

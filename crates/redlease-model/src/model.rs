@@ -4,8 +4,8 @@
 use stateright::{Model, Property};
 
 use crate::client::{Client, Phase, margin};
-use crate::config::{Bounds, Fence, Kind, Rules, Time, Timing, Variant};
-use crate::net::{Msg, Req, Slot, Tok};
+use crate::config::{Bounds, Fence, Kind, Lock, NAMES, Rules, Time, Timing, Variant};
+use crate::net::{Msg, Req, Slot, Tok, Waiter};
 use crate::server::{Counter, Server};
 
 /// One lock, its clients, and the network between them.
@@ -51,6 +51,11 @@ impl LockModel {
     pub(crate) fn margin(&self) -> Time {
         margin(&self.timing, self.rules.drift_margin)
     }
+
+    /// What client `c` locks.
+    pub fn lock_of(&self, c: u8) -> Lock {
+        self.kind.lock_of(c)
+    }
 }
 
 /// What may still go wrong in the rest of a run.
@@ -64,7 +69,7 @@ pub struct Budget {
     pub extends: u8,
 }
 
-/// The fenced resource: accepts a write whose fencing token is at least the highest it
+/// A fenced resource (one per name): accepts a write whose fencing token is at least the highest it
 /// has seen (README: "have it refuse lower numbers").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Resource {
@@ -84,11 +89,15 @@ pub struct State {
     /// Messages in flight, sorted.
     pub net: Vec<Msg>,
     pub budget: Budget,
-    pub resource: Resource,
+    /// The fenced resource of each name.
+    pub resources: [Resource; NAMES],
     /// An acquire was told the lock is busy while its own token held it.
     pub lied: bool,
+    /// A client came to believe it holds with a fencing token below one issued before
+    /// it took the lock: its writes would be refused in favour of an earlier holder's.
+    pub fence_behind: bool,
     /// Rare outcomes reached (see [`Seen`]).
-    pub seen: u8,
+    pub seen: u16,
 }
 
 /// Rare outcomes, for the `sometimes` properties.
@@ -96,19 +105,37 @@ pub struct State {
 pub struct Seen;
 
 impl Seen {
-    pub const GRANT_TAKEN: u8 = 1;
-    pub const GRANT_CONFIRMED: u8 = 1 << 1;
-    pub const GRANT_STALE: u8 = 1 << 2;
-    pub const LOCAL_HANDOVER: u8 = 1 << 3;
-    pub const OWN_TOKEN: u8 = 1 << 4;
-    pub const WRITE_REFUSED: u8 = 1 << 5;
-    pub const LEASE_LOST: u8 = 1 << 6;
+    pub const GRANT_TAKEN: u16 = 1;
+    pub const GRANT_RETRIED: u16 = 1 << 1;
+    pub const GRANT_STALE: u16 = 1 << 2;
+    pub const LOCAL_HANDOVER: u16 = 1 << 3;
+    pub const OWN_TOKEN: u16 = 1 << 4;
+    pub const WRITE_REFUSED: u16 = 1 << 5;
+    pub const LEASE_LOST: u16 = 1 << 6;
+    /// A multi-lock attempt took every name too late to leave a lease, and gave them
+    /// back.
+    pub const MULTI_TOO_LATE: u16 = 1 << 7;
+    /// A release found a multi-lock waiter first among a name's waiters: it deleted the
+    /// name and woke the waiters, handing it to nobody.
+    pub const MULTI_WOKEN: u16 = 1 << 8;
+    /// A multi-lock's release handed a name to a plain mutex's waiter.
+    pub const MULTI_HANDED: u16 = 1 << 9;
+    /// A multi-lock acquisition took every name on a later attempt (after one found a
+    /// name busy, or took them too late).
+    pub const MULTI_AFTER_BUSY: u16 = 1 << 10;
 }
 
 impl State {
-    /// How many clients believe they hold the lock now.
-    pub fn believers(&self) -> usize {
-        self.clients.iter().filter(|c| c.believes()).count()
+    /// How many clients believe they hold name `n` now.
+    pub fn believers(&self, m: &LockModel, n: usize) -> usize {
+        (0..self.clients.len())
+            .filter(|&c| self.clients[c].believes() && m.lock_of(c as u8).covers(n))
+            .count()
+    }
+
+    /// Whether more clients believe they hold some name than may.
+    pub fn too_many_believe(&self, m: &LockModel) -> bool {
+        (0..NAMES).any(|n| self.believers(m, n) > m.kind.holders())
     }
 
     /// Whether anyone may still send a request carrying `token`: its client, or a
@@ -126,9 +153,9 @@ impl State {
     /// may move the lock to it.
     pub fn may_hold(&self, token: Tok) -> bool {
         let server = &self.server;
-        server.lock.is_some_and(|k| k.token == token)
-            || server.permits.iter().any(|(p, _)| *p == token)
-            || server.waiters.contains(&token)
+        server.names.iter().any(|name| {
+            name.lock.is_some_and(|k| k.token == token) || name.waiters.contains(&Waiter::Take(token))
+        }) || server.permits.iter().any(|(p, _)| *p == token)
             || match self.clients[usize::from(token.client)].phase {
                 Phase::Acquiring(a) => a.token == token,
                 Phase::HandingOver { new, .. } => new == token,
@@ -136,7 +163,10 @@ impl State {
             }
             || self.net.iter().any(|m| match m {
                 Msg::Request {
-                    req: Req::Acquire { token: t, .. } | Req::Pipeline { token: t, .. },
+                    req:
+                        Req::Acquire { token: t, .. }
+                        | Req::Pipeline { token: t, .. }
+                        | Req::MultiAcquire { token: t, .. },
                     ..
                 } => *t == token,
                 Msg::Request {
@@ -153,13 +183,14 @@ impl State {
 pub enum Action {
     /// A tick of real time: every clock advances.
     Tick,
-    /// The registration of waiter `token` lapses (its deadline passed without a new
-    /// attempt).
-    Lapse(Tok),
-    /// Client `c` starts an acquisition (`Mutex::lock`); the first attempt goes out.
+    /// The registration of a waiter on name `n` lapses (its deadline passed without a
+    /// new attempt).
+    Lapse(u8, Waiter),
+    /// Client `c` starts an acquisition (`Mutex::lock`, `MultiLock::lock`); the first
+    /// attempt goes out.
     Begin(u8),
     /// Another acquire attempt (after a wake-up, a hand-over found stale, or the
-    /// fallback timer: any time in the model).
+    /// fallback timer: any time in the model). A multi-lock's takes a fresh token.
     Attempt(u8),
     /// The acquisition's deadline passes (`lock_timeout`): it ends, and an attempt that
     /// may have landed is undone in the background.
@@ -184,9 +215,10 @@ pub enum Action {
     HandOver(u8),
     /// Broken variant: client `c` sends the `PEXPIRE` that follows its `SET NX`.
     SendExpire(u8),
-    /// Client `c` writes to the fenced resource with its guard's fencing token —
-    /// whether its lease is still valid or not: a holder that checked its lease, then
-    /// paused (or whose write was slow on the network), writes after its lease ended.
+    /// Client `c` writes to the fenced resource of each name it holds, with its guard's
+    /// fencing token of that name — whether its lease is still valid or not: a holder
+    /// that checked its lease, then paused (or whose write was slow on the network),
+    /// writes after its lease ended.
     Write(u8),
     /// Client `c` crashes.
     Crash(u8),
@@ -220,8 +252,9 @@ impl Model for LockModel {
                 counter_losses: b.counter_losses,
                 extends: b.extends,
             },
-            resource: Resource::default(),
+            resources: Default::default(),
             lied: false,
+            fence_behind: false,
             seen: 0,
         }]
     }
@@ -237,7 +270,11 @@ impl Model for LockModel {
                     }
                 }
                 Phase::Acquiring(a) => {
-                    if a.attempt.is_none() && a.confirm.is_none() {
+                    // A multi-lock's attempt takes a fresh token, within the client's
+                    // bound (`Bounds::acquisitions`).
+                    let fresh =
+                        self.lock_of(c) != Lock::Multi || !self.rules.fresh_multi_token || client.left > 0;
+                    if a.attempt.is_none() && a.confirm.is_none() && fresh {
                         actions.push(Action::Attempt(c));
                     }
                     if s.budget.giveups > 0 {
@@ -289,8 +326,10 @@ impl Model for LockModel {
         if s.budget.counter_losses > 0 && s.server.counter != Counter::Missing {
             actions.push(Action::LoseCounter);
         }
-        for &token in &s.server.waiters {
-            actions.push(Action::Lapse(token));
+        for (n, name) in s.server.names.iter().enumerate() {
+            for &waiter in &name.waiters {
+                actions.push(Action::Lapse(n as u8, waiter));
+            }
         }
     }
 
@@ -304,30 +343,36 @@ impl Model for LockModel {
     fn properties(&self) -> Vec<Property<Self>> {
         let mut ps = vec![
             Property::always(property::MUTUAL_EXCLUSION, |m: &LockModel, s: &State| {
-                s.believers() <= m.kind.holders()
+                !s.too_many_believe(m)
             }),
             Property::always(property::FENCING, |_, s: &State| {
-                !s.resource.interleaved && !s.server.misissued
+                !s.resources.iter().any(|r| r.interleaved)
+                    && !s.server.names.iter().any(|n| n.misissued)
+                    && !s.fence_behind
             }),
             Property::always(property::NO_ORPHAN, |m: &LockModel, s: &State| no_orphan(m, s)),
             Property::always(property::TRUTHFUL, |_, s: &State| !s.lied),
         ];
         if self.track {
-            let seen = |name, bit: u8| -> Property<Self> {
+            let seen = |name, bit: u16| -> Property<Self> {
                 // Property conditions are plain functions: one per bit.
                 let f: fn(&LockModel, &State) -> bool = match bit {
                     Seen::GRANT_TAKEN => |_, s| s.seen & Seen::GRANT_TAKEN != 0,
-                    Seen::GRANT_CONFIRMED => |_, s| s.seen & Seen::GRANT_CONFIRMED != 0,
+                    Seen::GRANT_RETRIED => |_, s| s.seen & Seen::GRANT_RETRIED != 0,
                     Seen::GRANT_STALE => |_, s| s.seen & Seen::GRANT_STALE != 0,
                     Seen::LOCAL_HANDOVER => |_, s| s.seen & Seen::LOCAL_HANDOVER != 0,
                     Seen::OWN_TOKEN => |_, s| s.seen & Seen::OWN_TOKEN != 0,
                     Seen::WRITE_REFUSED => |_, s| s.seen & Seen::WRITE_REFUSED != 0,
+                    Seen::MULTI_TOO_LATE => |_, s| s.seen & Seen::MULTI_TOO_LATE != 0,
+                    Seen::MULTI_WOKEN => |_, s| s.seen & Seen::MULTI_WOKEN != 0,
+                    Seen::MULTI_HANDED => |_, s| s.seen & Seen::MULTI_HANDED != 0,
+                    Seen::MULTI_AFTER_BUSY => |_, s| s.seen & Seen::MULTI_AFTER_BUSY != 0,
                     _ => |_, s| s.seen & Seen::LEASE_LOST != 0,
                 };
                 Property::sometimes(name, f)
             };
             // A semaphore finds its own token only when a reply was lost.
-            if self.kind == Kind::Mutex || self.bounds.timeouts > 0 {
+            if matches!(self.kind, Kind::Mutex | Kind::Multi) || self.bounds.timeouts > 0 {
                 ps.push(seen("an acquire finds its own token", Seen::OWN_TOKEN));
             }
             ps.push(seen("a lease is lost", Seen::LEASE_LOST));
@@ -340,18 +385,46 @@ impl Model for LockModel {
                     Seen::GRANT_TAKEN,
                 ));
             }
-            // The semaphore hands freed permits to registered waiters too. (In its check
-            // the first hand-over draws the first mark, so none is known before it: the
-            // waiter confirms.)
-            if matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. }) {
+            if self.kind == Kind::Mutex {
                 ps.push(seen(
-                    "a hand-over is confirmed by an extend",
-                    Seen::GRANT_CONFIRMED,
+                    "a hand-over too late in its claim window is not relied on",
+                    Seen::GRANT_RETRIED,
+                ));
+                ps.push(seen("a stale hand-over is not relied on", Seen::GRANT_STALE));
+            }
+            // The semaphore hands freed permits to registered waiters too. In its check
+            // the first hand-over draws the first mark, so none is known before it: the
+            // waiter tries again.
+            if matches!(self.kind, Kind::Semaphore { .. }) {
+                ps.push(seen(
+                    "a hand-over not known to be current is not relied on",
+                    Seen::GRANT_STALE,
                 ));
             }
             if self.kind == Kind::Mutex {
-                ps.push(seen("a stale hand-over is refused", Seen::GRANT_STALE));
                 ps.push(seen("a local hand-over", Seen::LOCAL_HANDOVER));
+            }
+            if self.kind == Kind::Multi {
+                ps.push(seen(
+                    "a multi-lock acquisition takes every name on a later attempt",
+                    Seen::MULTI_AFTER_BUSY,
+                ));
+                ps.push(seen(
+                    "a release wakes a multi-lock waiter and hands the name to nobody",
+                    Seen::MULTI_WOKEN,
+                ));
+                ps.push(seen(
+                    "a multi-lock's release hands a name to a plain waiter",
+                    Seen::MULTI_HANDED,
+                ));
+                ps.push(seen(
+                    "a multi-lock attempt that took every name too late gives them back",
+                    Seen::MULTI_TOO_LATE,
+                ));
+                ps.push(seen(
+                    "a hand-over is taken without a round trip",
+                    Seen::GRANT_TAKEN,
+                ));
             }
         }
         ps
@@ -399,8 +472,8 @@ fn grant_consumable(s: &State, to: Tok) -> bool {
 /// TTL: it has an expiry, no further than that from now. (Nothing can move the expiry
 /// of such a key, so this holds for the rest of its life.)
 fn no_orphan(m: &LockModel, s: &State) -> bool {
-    match s.server.lock {
+    s.server.names.iter().all(|name| match name.lock {
         Some(key) if !s.token_alive(key.token) => key.expires.is_some_and(|e| e <= m.timing.max_ttl()),
         _ => true,
-    }
+    })
 }

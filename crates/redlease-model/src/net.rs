@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::config::{Fence, Time};
+use crate::config::{Fence, NAMES, Time};
 
 /// An acquisition's random token (`token.rs`): fresh for every acquisition, so it names
 /// the client (`A`, `B`, ...) and the how-manieth acquisition of that client it is.
@@ -25,6 +25,27 @@ impl fmt::Display for Tok {
 /// `A`, `B`, `C`, ...
 pub fn client_name(client: u8) -> char {
     char::from(b'A' + client)
+}
+
+/// A waiter registered on a name (`{<lock key>}:q`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Waiter {
+    /// `<id> <token>`: a plain mutex's (or a semaphore's) waiter, which a release may hand
+    /// the lock to.
+    Take(Tok),
+    /// `<id>!`: a multi-lock's waiter, which a release only wakes (it needs every name at
+    /// once). Its id is per acquisition, not per attempt; the model names it by the
+    /// token of the acquisition's first attempt.
+    Wake(Tok),
+}
+
+impl fmt::Display for Waiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Waiter::Take(t) => write!(f, "{t}"),
+            Waiter::Wake(t) => write!(f, "{t}!"),
+        }
+    }
 }
 
 /// A script call (or, in the broken variants, a plain command) sent to Redis.
@@ -46,6 +67,14 @@ pub enum Req {
     Release { token: Tok, leaving: bool },
     /// `mutex_handoff.lua`: from the local holder's token to a local waiter's.
     HandOff { old: Tok, new: Tok },
+    /// `multi_acquire.lua` for an attempt's token, with the acquisition's registration
+    /// `<id>!` (named by `reg`). (A multi-lock's extend and release are `Extend` and
+    /// `Release`: `multi_extend.lua`, `multi_release.lua`.)
+    MultiAcquire { token: Tok, reg: Tok },
+    /// `multi_release.lua` with a fresh token that holds nothing, leaving registration
+    /// `reg` on every name (`Registration::drop`, when an acquisition ends without
+    /// every name).
+    MultiLeave { reg: Tok },
     /// Broken variant, first step of a release: `GET`.
     Get { token: Tok },
     /// Broken variant, second step of a release: `mutex_release.lua` without its
@@ -60,6 +89,8 @@ impl Req {
     pub fn token(&self) -> Tok {
         match *self {
             Req::HandOff { old, .. } => old,
+            Req::MultiAcquire { token, .. } => token,
+            Req::MultiLeave { reg } => reg,
             Req::Pipeline { token, .. }
             | Req::Acquire { token, .. }
             | Req::Extend { token, .. }
@@ -74,7 +105,10 @@ impl Req {
     /// past it (0: its age never matters).
     pub fn ttl(&self, t: &crate::config::Timing) -> Time {
         match *self {
-            Req::Pipeline { .. } | Req::Acquire { .. } | Req::HandOff { .. } => t.ttl,
+            Req::Pipeline { .. } | Req::Acquire { .. } | Req::HandOff { .. } | Req::MultiAcquire { .. } => {
+                t.ttl
+            }
+            Req::MultiLeave { .. } => 0,
             Req::Extend { ttl, .. } => ttl,
             Req::Release { .. } | Req::Get { .. } | Req::ReleaseUnchecked { .. } | Req::Expire { .. } => 0,
         }
@@ -85,7 +119,9 @@ impl Req {
     pub fn tokens(&self) -> [Option<Tok>; 2] {
         match *self {
             Req::HandOff { old, new } => [Some(old), Some(new)],
-            Req::Pipeline { token, .. }
+            Req::MultiLeave { .. } => [None, None],
+            Req::MultiAcquire { token, .. }
+            | Req::Pipeline { token, .. }
             | Req::Acquire { token, .. }
             | Req::Extend { token, .. }
             | Req::Release { token, .. }
@@ -107,7 +143,7 @@ pub enum Stage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reply {
     /// The pipeline's replies: whether the `SET` set, and the `INCR`'s fencing token
-    /// (`None`: the counter was not seeded — a few units).
+    /// (`None`: the counter was not started yet — a few units).
     Pipeline { taken: bool, fence: Option<Fence> },
     /// Acquired (or handed over): `fence` / `1` for a lease of the full TTL, or
     /// `{1, fence, pttl}` — already ours, with `pttl` left (`None`: the key has no TTL).
@@ -115,9 +151,14 @@ pub enum Reply {
         fence: Option<Fence>,
         pttl: Option<Option<Time>>,
     },
+    /// `multi_acquire.lua`'s `{1, fence_x, pttl_x, fence_y, pttl_y}`: every name is the
+    /// token's, with these fencing tokens; `left`, the least of what is left of them
+    /// (the full TTL for a name taken now).
+    MultiAcquired { fences: [Fence; NAMES], left: Time },
     /// `{0, pttl, mark}`: held by someone else; `mark` is the slot's fencing mark (the
     /// mutex). `own` is not part of the reply: the checker notes that the lock was in
-    /// fact held by the caller's own token.
+    /// fact held by the caller's own token. (`multi_acquire.lua`'s `{0, i, pttl_i, …}`:
+    /// no mark.)
     Busy { mark: Option<Fence>, own: bool },
     /// An integer reply: extend `1`/`0`; release `1`/`0`/`-1`; a hand-over's `0`.
     Int(i8),
@@ -130,7 +171,7 @@ pub enum Reply {
 pub enum Slot {
     /// An acquire attempt.
     Attempt,
-    /// The extend that confirms a hand-over before it is relied on.
+    /// Broken variant (before 8da374b): the extend that confirms a hand-over.
     Confirm,
     /// The renewal task's renewal.
     Renew,

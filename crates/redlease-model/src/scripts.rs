@@ -39,7 +39,7 @@ pub const MIRRORED: &[Mirrored] = &[
     mirrored!(
         "mutex_release.lua",
         0xfc2667747433cdf0,
-        "server.rs: Server::mutex_release, free_or_hand_over"
+        "server.rs: Server::mutex_release, free_or_hand_over (a first waiter of kind '!' is only woken)"
     ),
     mirrored!(
         "mutex_extend.lua",
@@ -50,6 +50,21 @@ pub const MIRRORED: &[Mirrored] = &[
         "mutex_handoff.lua",
         0xb06a94b55f4dbcaa,
         "server.rs: Server::handoff"
+    ),
+    mirrored!(
+        "multi_acquire.lua",
+        0x548d62f48f9a4afa,
+        "server.rs: Server::multi_acquire"
+    ),
+    mirrored!(
+        "multi_extend.lua",
+        0x49dd311d590401d1,
+        "server.rs: Server::extend (Lock::Multi)"
+    ),
+    mirrored!(
+        "multi_release.lua",
+        0xb41f3268d36b154d,
+        "server.rs: Server::multi_release, mutex_release, free_or_hand_over"
     ),
     mirrored!(
         "expiry.lua",

@@ -1,10 +1,10 @@
 //! The steps: what each action does to the state — the scripts run on the server, the
 //! clients' lease engine handles replies, time passes.
 
-use crate::client::{Acquiring, Attempt, Ended, Holding, Phase, ReleaseStep};
-use crate::config::{Fence, Kind, Time};
+use crate::client::{Acquiring, Attempt, Ended, Holding, Phase, ReleaseStep, fence_of};
+use crate::config::{Fence, Kind, Lock, Time};
 use crate::model::{Action, LockModel, Seen, State};
-use crate::net::{Msg, Reply, Req, Slot, Stage, Tok};
+use crate::net::{Msg, Reply, Req, Slot, Stage, Tok, Waiter};
 use crate::server::{Granted, Server};
 
 impl LockModel {
@@ -12,24 +12,50 @@ impl LockModel {
         let t = self.timing;
         match action {
             Action::Tick => self.tick(s),
-            Action::Lapse(token) => s.server.waiters.retain(|&w| w != token),
+            Action::Lapse(n, waiter) => s.server.names[usize::from(n)].waiters.retain(|&w| w != waiter),
             Action::Begin(c) => {
                 let ci = usize::from(c);
                 let token = s.clients[ci].fresh_token(c);
                 s.clients[ci].phase = Phase::Acquiring(Acquiring::new(token));
                 // The plain mutex tries a free lock without a script first.
-                let first = if self.kind == Kind::Mutex {
+                let first = if self.kind.plain_mutex(c) {
                     Attempt::Pipeline
                 } else {
                     Attempt::Script
                 };
                 self.send_attempt(s, ci, first);
             }
-            Action::Attempt(c) => self.send_attempt(s, usize::from(c), Attempt::Script),
+            Action::Attempt(c) => {
+                let ci = usize::from(c);
+                if self.lock_of(c) == Lock::Multi && self.rules.fresh_multi_token {
+                    // `MultiLock::attempt`: a fresh token per attempt.
+                    let token = s.clients[ci].fresh_token(c);
+                    if let Phase::Acquiring(a) = &mut s.clients[ci].phase {
+                        a.token = token;
+                    }
+                }
+                self.send_attempt(s, ci, Attempt::Script);
+            }
             Action::GiveUp(c) => {
                 s.budget.giveups -= 1;
                 let ci = usize::from(c);
                 if let Phase::Acquiring(a) = s.clients[ci].phase
+                    && self.lock_of(c) == Lock::Multi
+                {
+                    // The attempt's claim gives back what an attempt in flight may
+                    // take; `Registration::drop` leaves the registration, with a fresh
+                    // token.
+                    if a.attempt.is_some() {
+                        let req = Req::Release {
+                            token: a.token,
+                            leaving: false,
+                        };
+                        send(s, ci, Slot::Background, req);
+                    }
+                    if a.registered {
+                        send(s, ci, Slot::Background, Req::MultiLeave { reg: a.id });
+                    }
+                } else if let Phase::Acquiring(a) = s.clients[ci].phase
                     && a.tried
                 {
                     // The claim's undo: give back a lock an attempt may have taken (or
@@ -151,16 +177,19 @@ impl LockModel {
                 let ci = usize::from(c);
                 if let Phase::Holding(h) = &mut s.clients[ci].phase {
                     h.wrote = true;
-                    let (fence, token) = (h.fence.expect("fenced"), h.token);
-                    let r = &mut s.resource;
-                    if r.highest.is_none_or(|h| fence >= h) {
-                        if r.highest == Some(fence) && r.last != Some(token) {
-                            r.interleaved = true;
+                    let (fences, token) = (h.fences, h.token);
+                    // The resource of each name held, with that name's fencing token.
+                    for (r, fence) in s.resources.iter_mut().zip(fences) {
+                        let Some(fence) = fence else { continue };
+                        if r.highest.is_none_or(|h| fence >= h) {
+                            if r.highest == Some(fence) && r.last != Some(token) {
+                                r.interleaved = true;
+                            }
+                            r.highest = Some(fence);
+                            r.last = Some(token);
+                        } else if self.track {
+                            s.seen |= Seen::WRITE_REFUSED;
                         }
-                        r.highest = Some(fence);
-                        r.last = Some(token);
-                    } else {
-                        self.note(s, Seen::WRITE_REFUSED);
                     }
                 }
             }
@@ -206,7 +235,7 @@ impl LockModel {
         }
     }
 
-    fn note(&self, s: &mut State, bit: u8) {
+    fn note(&self, s: &mut State, bit: u16) {
         if self.track {
             s.seen |= bit;
         }
@@ -217,11 +246,20 @@ impl LockModel {
         if let Phase::Acquiring(a) = &mut s.clients[c].phase {
             a.attempt = Some(attempt);
             a.tried = true;
+            let multi = self.lock_of(c as u8) == Lock::Multi;
             let req = match attempt {
                 Attempt::Pipeline => Req::Pipeline {
                     token: a.token,
                     stage: Stage::Set,
                 },
+                // From now on a name may hold the registration.
+                Attempt::Script if multi => {
+                    a.registered = true;
+                    Req::MultiAcquire {
+                        token: a.token,
+                        reg: a.id,
+                    }
+                }
                 Attempt::Script => Req::Acquire {
                     token: a.token,
                     leave: a.registered,
@@ -235,24 +273,39 @@ impl LockModel {
     /// hand-over it published.
     pub fn execute(&self, server: &mut Server, req: Req) -> (Reply, Granted) {
         let (t, kind, rules) = (&self.timing, self.kind, &self.rules);
+        // The script a call runs depends on the lock its client takes.
+        let lock = self.lock_of(req.token().client);
+        let name = match lock {
+            Lock::Name(n) => n,
+            Lock::Multi => 0,
+        };
         match req {
             Req::Pipeline { token, stage } => {
                 let taken = match stage {
-                    Stage::Set => server.pipeline_set(rules, t, token),
+                    Stage::Set => server.pipeline_set(name, rules, t, token),
                     Stage::Incr { taken } => taken,
                 };
-                let fence = server.pipeline_incr(token, taken);
-                (Reply::Pipeline { taken, fence }, None)
+                let fence = server.pipeline_incr(name, token, taken);
+                (Reply::Pipeline { taken, fence }, Vec::new())
             }
-            Req::Acquire { token, leave } => server.acquire(kind, rules, t, token, leave),
-            Req::Extend { token, ttl } => (server.extend(kind, rules, token, ttl), None),
-            Req::Release { token, leaving } => server.release(kind, t, token, leaving),
-            Req::HandOff { old, new } => (server.handoff(t, old, new), None),
-            Req::Get { .. } => (server.get(), None),
+            Req::Acquire { token, leave } => server.acquire(kind, lock, rules, t, token, leave),
+            Req::MultiAcquire { token, reg } => (server.multi_acquire(rules, t, token, reg), Vec::new()),
+            Req::Extend { token, ttl } => (server.extend(kind, lock, rules, token, ttl), Vec::new()),
+            Req::Release { token, leaving } => server.release(kind, lock, t, token, leaving),
+            Req::MultiLeave { reg } => {
+                // A fresh token: holds nothing, so only the registration goes.
+                let fresh = Tok {
+                    client: reg.client,
+                    n: 0,
+                };
+                server.multi_release(t, fresh, Some(reg))
+            }
+            Req::HandOff { old, new } => (server.handoff(t, old, new), Vec::new()),
+            Req::Get { .. } => (server.get(), Vec::new()),
             Req::ReleaseUnchecked { .. } => server.release_unchecked(t),
             Req::Expire { .. } => {
                 server.expire_key(t);
-                (Reply::Int(1), None)
+                (Reply::Int(1), Vec::new())
             }
         }
     }
@@ -266,22 +319,40 @@ impl LockModel {
             && !self.pipeline_back_to_back
         {
             // The SET runs now; the INCR stays on its way, behind it.
-            let taken = s.server.pipeline_set(&self.rules, &self.timing, token);
+            let Lock::Name(n) = self.lock_of(from) else {
+                unreachable!("only a plain mutex sends the pipeline")
+            };
+            let taken = s.server.pipeline_set(n, &self.rules, &self.timing, token);
             let stage = Stage::Incr { taken };
             let req = Req::Pipeline { token, stage };
             s.net.push(Msg::Request { from, slot, age, req });
             return;
         }
+        if self.track
+            && let Req::Release { token, .. } = req
+        {
+            // A release of a name whose first waiter a release may only wake.
+            let woken = s.server.names.iter().any(|name| {
+                name.lock.is_some_and(|k| k.token == token)
+                    && matches!(name.waiters.first(), Some(Waiter::Wake(_)))
+            });
+            if woken {
+                s.seen |= Seen::MULTI_WOKEN;
+            }
+        }
         let (reply, granted) = self.execute(&mut s.server, req);
+        if self.track && !granted.is_empty() && self.lock_of(from) == Lock::Multi {
+            s.seen |= Seen::MULTI_HANDED;
+        }
         // PUBLISH reaches the waiter only if it listens (it subscribed after its first
         // busy attempt, and its acquisition is still under way).
-        if let Some((waiter, fence)) = granted
-            && matches!(
+        for (waiter, fence) in granted {
+            if matches!(
                 s.clients[usize::from(waiter.client)].phase,
                 Phase::Acquiring(a) if a.token == waiter && a.last_busy.is_some()
-            )
-        {
-            s.net.push(Msg::Grant { to: waiter, fence });
+            ) {
+                s.net.push(Msg::Grant { to: waiter, fence });
+            }
         }
         // A release's verdict (released, or not held) is not modelled: the client only
         // learns that it was answered.
@@ -305,7 +376,37 @@ impl LockModel {
     fn on_reply(&self, s: &mut State, c: usize, slot: Slot, age: Time, reply: Reply) {
         let t = self.timing;
         let m = self.margin();
+        let n = match self.lock_of(c as u8) {
+            Lock::Name(n) => n,
+            Lock::Multi => 0,
+        };
         match (slot, s.clients[c].phase) {
+            // `MultiLock::attempt`: every name taken.
+            (Slot::Attempt, Phase::Acquiring(mut a)) if matches!(reply, Reply::MultiAcquired { .. }) => {
+                let Reply::MultiAcquired { fences, left } = reply else {
+                    unreachable!()
+                };
+                let h = Holding::new(a.token, fences.map(Some), age, left, t.ttl, &t, m);
+                if h.believes() {
+                    if a.token != a.id {
+                        self.note(s, Seen::MULTI_AFTER_BUSY);
+                    }
+                    self.hold(s, c, h);
+                } else {
+                    // Too late to leave a lease (`Attempt::TooLate`): give every name
+                    // back, and try again.
+                    self.note(s, Seen::MULTI_TOO_LATE);
+                    let req = Req::Release {
+                        token: a.token,
+                        leaving: false,
+                    };
+                    send(s, c, Slot::Background, req);
+                    a.attempt = None;
+                    // The script left the registration on every name.
+                    a.registered = false;
+                    s.clients[c].phase = Phase::Acquiring(a);
+                }
+            }
             // `LockBase::acquire`: the reply to an attempt, read by `parse_acquire`.
             (Slot::Attempt, Phase::Acquiring(mut a)) => match reply {
                 // `Mutex::acquire_free`.
@@ -313,12 +414,12 @@ impl LockModel {
                     taken: true,
                     fence: Some(fence),
                 } => {
-                    let h = Holding::new(a.token, Some(fence), age, t.ttl, t.ttl, &t, m);
+                    let h = Holding::new(a.token, fence_of(n, Some(fence)), age, t.ttl, t.ttl, &t, m);
                     self.hold(s, c, h);
                 }
                 Reply::Pipeline { .. } => {
                     // Held by someone else (or by us: a retried SET after a lost reply),
-                    // or ours with a counter to seed: the acquire script answers.
+                    // or ours with a counter to start: the acquire script answers.
                     a.attempt = None;
                     s.clients[c].phase = Phase::Acquiring(a);
                     self.send_attempt(s, c, Attempt::Script);
@@ -330,15 +431,20 @@ impl LockModel {
                     // `{1, fence, pttl}` runs for what is left (`ms(pttl)`, the full
                     // TTL when the key has none); a bare fence for the full TTL.
                     let remaining = pttl.flatten().unwrap_or(t.ttl);
-                    let mut h = Holding::new(a.token, fence, age, remaining, t.ttl, &t, m);
+                    let mut h = Holding::new(a.token, fence_of(n, fence), age, remaining, t.ttl, &t, m);
                     h.expire_pending = !self.rules.atomic_acquire;
                     self.hold(s, c, h);
                 }
                 Reply::Busy { mark, own } => {
                     s.lied |= own;
                     a.attempt = None;
-                    a.registered |= matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. });
-                    a.last_busy = Some((age.min(t.busy_cap()), mark));
+                    // A multi-lock waiter is never handed a name: it does not wait for
+                    // hand-overs (its registration stays as the script left it).
+                    if self.lock_of(c as u8) != Lock::Multi {
+                        a.registered |=
+                            self.kind.plain_mutex(c as u8) || matches!(self.kind, Kind::Semaphore { .. });
+                        a.last_busy = Some((age.min(t.busy_cap()), mark));
+                    }
                     s.clients[c].phase = Phase::Acquiring(a);
                 }
                 _ => unreachable!("acquire replies"),
@@ -347,13 +453,11 @@ impl LockModel {
             (Slot::Confirm, Phase::Acquiring(mut a)) => {
                 let fence = a.confirm.expect("awaited");
                 if reply == Reply::Int(1) {
-                    self.note(s, Seen::GRANT_CONFIRMED);
                     let fence = self.kind.fenced().then_some(fence);
-                    let h = Holding::new(a.token, fence, age, t.ttl, t.ttl, &t, m);
+                    let h = Holding::new(a.token, fence_of(n, fence), age, t.ttl, t.ttl, &t, m);
                     self.hold(s, c, h);
                 } else {
                     // A stale grant: try again.
-                    self.note(s, Seen::GRANT_STALE);
                     a.confirm = None;
                     s.clients[c].phase = Phase::Acquiring(a);
                 }
@@ -364,7 +468,7 @@ impl LockModel {
                 if reply == Reply::Int(1) {
                     h.confirm(age, ttl, m, self.rules.ordered_lease, &t);
                 } else {
-                    h.end(Ended::Gone);
+                    self.gone(s, c, &mut h);
                 }
                 self.hold(s, c, h);
             }
@@ -375,7 +479,7 @@ impl LockModel {
                     h.ttl = ttl;
                     h.confirm(age, ttl, m, self.rules.ordered_lease, &t);
                 } else {
-                    h.end(Ended::Gone);
+                    self.gone(s, c, &mut h);
                 }
                 self.hold(s, c, h);
             }
@@ -395,7 +499,7 @@ impl LockModel {
                 Reply::Acquired { fence, pttl } => {
                     self.note(s, Seen::LOCAL_HANDOVER);
                     let remaining = pttl.flatten().unwrap_or(t.ttl);
-                    let h = Holding::new(new, fence, age, remaining, t.ttl, &t, m);
+                    let h = Holding::new(new, fence_of(n, fence), age, remaining, t.ttl, &t, m);
                     self.hold(s, c, h);
                 }
                 _ => {
@@ -409,10 +513,36 @@ impl LockModel {
         }
     }
 
+    /// A renewal or an extend of client `c`'s lease `h` found its token no longer
+    /// holds: the lease ends (`lost()`). A multi-lock then releases the names it may
+    /// still hold in the background (`MultiLock::renew_round`, `extend`).
+    fn gone(&self, s: &mut State, c: usize, h: &mut Holding) {
+        h.end(Ended::Gone);
+        if self.lock_of(c as u8) == Lock::Multi {
+            let req = Req::Release {
+                token: h.token,
+                leaving: false,
+            };
+            send(s, c, Slot::Background, req);
+        }
+    }
+
     /// Client `c` holds `h` (ended already if it came too late to be relied on).
     fn hold(&self, s: &mut State, c: usize, h: Holding) {
         if matches!(h.ended, Some(Ended::Gone | Ended::Expired)) {
             self.note(s, Seen::LEASE_LOST);
+        }
+        // A holder that believes it holds with a token below an earlier holder's would
+        // see its writes refused and the earlier holder's accepted. (A guard whose lease
+        // already ran out is refused rightly.)
+        if h.believes() {
+            for (n, fence) in h.fences.iter().enumerate() {
+                if let Some(fence) = *fence
+                    && s.server.fence_behind(n, h.token, fence)
+                {
+                    s.fence_behind = true;
+                }
+            }
         }
         s.clients[c].phase = Phase::Holding(h);
     }
@@ -437,11 +567,27 @@ impl LockModel {
             // Held from no later than when that attempt was sent, for the claim window.
             // (A semaphore's grant carries a mark, not a fencing token for the guard.)
             let fence = self.kind.fenced().then_some(fence);
-            let h = Holding::new(to, fence, busy, t.claim, t.ttl, &t, m);
+            let n = match self.lock_of(to.client) {
+                Lock::Name(n) => n,
+                Lock::Multi => unreachable!("a multi-lock is never handed a name"),
+            };
+            let h = Holding::new(to, fence_of(n, fence), busy, t.claim, t.ttl, &t, m);
             self.hold(s, c, h);
             return;
         }
-        // Confirm by extending, which fails unless the lock is ours now.
+        if after_busy {
+            self.note(s, Seen::GRANT_RETRIED);
+        } else {
+            self.note(s, Seen::GRANT_STALE);
+        }
+        if self.rules.retry_unreliable_grant {
+            // Try again at once: if the lock is ours (this hand-over, or a later one to
+            // our registration), the acquire script says so with a fresh fencing token.
+            self.send_attempt(s, c, Attempt::Script);
+            return;
+        }
+        // The variant before 8da374b: confirm by extending (which fails unless the lock
+        // is ours now), and hold with this hand-over's token.
         a.confirm = Some(fence);
         s.clients[c].phase = Phase::Acquiring(a);
         send(

@@ -7,7 +7,7 @@ use stateright::{Expectation, Model, Path};
 
 use crate::canonical::canonical_msg;
 use crate::client::{Phase, ReleaseStep};
-use crate::config::Kind;
+use crate::config::{Kind, Lock, NAME, NAMES};
 use crate::model::{Action, LockModel, State};
 use crate::net::{Msg, Reply, Req, Slot, Stage, Tok, client_name};
 
@@ -39,7 +39,7 @@ pub fn render(model: &LockModel, path: &Path<State, Action>) -> String {
         if action == Action::Tick {
             now += 1;
             let _ = writeln!(out, "        --- tick: t={now}");
-            for line in expiries(before, after) {
+            for line in expiries(model, before, after) {
                 let _ = writeln!(out, "        {line}");
             }
             time = None;
@@ -80,7 +80,12 @@ fn replay(model: &LockModel, path: &Path<State, Action>) -> Vec<(State, Option<A
             raw.net
                 .iter()
                 .position(|r| canonical_msg(&raw, r) == m)
-                .expect("the same messages in flight")
+                .unwrap_or_else(|| {
+                    panic!(
+                        "the same messages in flight: {m:?} not in {:?}\nraw {raw:?}\ncanonical {state:?}",
+                        raw.net.iter().map(|r| canonical_msg(&raw, r)).collect::<Vec<_>>()
+                    )
+                })
         };
         let raw_action = match action {
             Action::Deliver(i) => Action::Deliver(translate(i)),
@@ -97,10 +102,19 @@ fn replay(model: &LockModel, path: &Path<State, Action>) -> Vec<(State, Option<A
 }
 
 /// Keys and leases that ran out in a tick.
-fn expiries(before: &State, after: &State) -> Vec<String> {
+fn expiries(model: &LockModel, before: &State, after: &State) -> Vec<String> {
     let mut lines = Vec::new();
-    if let (Some(k), None) = (before.server.lock, after.server.lock) {
-        lines.push(format!("key {} expires on the server", k.token));
+    for (name, (b, a)) in NAME
+        .iter()
+        .zip(before.server.names.iter().zip(&after.server.names))
+    {
+        if let (Some(k), None) = (b.lock, a.lock) {
+            if model.kind == Kind::Multi {
+                lines.push(format!("key {name} = {} expires on the server", k.token));
+            } else {
+                lines.push(format!("key {} expires on the server", k.token));
+            }
+        }
     }
     for (c, (b, a)) in before.clients.iter().zip(&after.clients).enumerate() {
         if let (Phase::Holding(hb), Phase::Holding(ha)) = (b.phase, a.phase)
@@ -118,13 +132,19 @@ fn expiries(before: &State, after: &State) -> Vec<String> {
 }
 
 /// The script (or command) a request runs.
-fn script(kind: Kind, req: &Req) -> String {
-    let name = |mutex: &str, sem: &str, election: &str| match kind {
-        Kind::Mutex => mutex.to_string(),
-        Kind::Semaphore { .. } => sem.to_string(),
-        Kind::Election => election.to_string(),
+fn script(model: &LockModel, req: &Req) -> String {
+    let kind = model.kind;
+    let lock = model.lock_of(req.token().client);
+    let name = |mutex: &str, sem: &str, election: &str| match (kind, lock) {
+        (Kind::Multi, Lock::Multi) => mutex.replace("mutex_", "multi_"),
+        (Kind::Multi, Lock::Name(n)) => format!("{} on {}", mutex, NAME[n]),
+        (Kind::Mutex, _) => mutex.to_string(),
+        (Kind::Semaphore { .. }, _) => sem.to_string(),
+        (Kind::Election, _) => election.to_string(),
     };
     match *req {
+        Req::MultiAcquire { token, reg } => format!("multi_acquire.lua({token}, registration {reg}!)"),
+        Req::MultiLeave { reg } => format!("multi_release.lua(a fresh token, leaving registration {reg}!)"),
         Req::Pipeline {
             token,
             stage: Stage::Set,
@@ -164,7 +184,7 @@ fn reply_text(reply: &Reply) -> String {
         Reply::Pipeline {
             taken: true,
             fence: None,
-        } => "SET: OK, INCR: a few units (the counter is not seeded)".to_string(),
+        } => "SET: OK, INCR: a few units (the counter is not started yet)".to_string(),
         Reply::Acquired { fence, pttl: None } => match fence {
             Some(f) => format!("acquired, fence {f}"),
             None => "acquired".to_string(),
@@ -179,6 +199,14 @@ fn reply_text(reply: &Reply) -> String {
                 None => format!("already ours, {left}"),
             }
         }
+        Reply::MultiAcquired { fences, left } => {
+            let fences: Vec<String> = fences
+                .iter()
+                .enumerate()
+                .map(|(n, f)| format!("{} fence {f}", NAME[n]))
+                .collect();
+            format!("acquired every name: {}, {left} left", fences.join(", "))
+        }
         Reply::Busy { mark: Some(m), .. } => format!("busy (mark {m})"),
         Reply::Busy { mark: None, .. } => "busy".to_string(),
         Reply::Int(n) => format!("{n}"),
@@ -187,13 +215,19 @@ fn reply_text(reply: &Reply) -> String {
 }
 
 /// The server's lock state.
-fn key_text(s: &State, now: u32) -> String {
-    let mut text = match s.server.lock {
+fn key_text(model: &LockModel, s: &State, now: u32) -> String {
+    let key = |n: usize, label: &str| match s.server.names[n].lock {
         Some(k) => match k.expires {
-            Some(e) => format!("key = {} until t={}", k.token, now + u32::from(e)),
-            None => format!("key = {} with NO TTL", k.token),
+            Some(e) => format!("{label} = {} until t={}", k.token, now + u32::from(e)),
+            None => format!("{label} = {} with NO TTL", k.token),
         },
-        None => "key free".to_string(),
+        None => format!("{label} free"),
+    };
+    let mut text = if model.kind == Kind::Multi {
+        let keys: Vec<String> = (0..NAMES).map(|n| key(n, &NAME[n].to_string())).collect();
+        keys.join(", ")
+    } else {
+        key(0, "key")
     };
     if !s.server.permits.is_empty() {
         let permits: Vec<String> = s
@@ -214,7 +248,20 @@ fn phase_text(s: &State, c: usize, now: u32) -> String {
         Phase::Crashed => "crashed".to_string(),
         Phase::Acquiring(a) => format!("acquiring {}", a.token),
         Phase::Holding(h) => {
-            let fence = h.fence.map_or(String::new(), |f| format!(", fence {f}"));
+            let held: Vec<(usize, u16)> = h
+                .fences
+                .iter()
+                .enumerate()
+                .filter_map(|(n, f)| Some((n, (*f)?)))
+                .collect();
+            let fence = match held[..] {
+                [] => String::new(),
+                [(_, f)] => format!(", fence {f}"),
+                _ => {
+                    let fences: Vec<String> = held.iter().map(|(n, f)| format!("{} {f}", NAME[*n])).collect();
+                    format!(", fences {}", fences.join(", "))
+                }
+            };
             match h.ended {
                 None if h.believes() => format!(
                     "HOLDS {}{fence}, believed until t={}",
@@ -235,8 +282,13 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
     let kind = model.kind;
     match action {
         Action::Tick => unreachable!("handled by render"),
-        Action::Lapse(token) => {
-            format!("{token}'s waiter registration lapses (no new attempt before its deadline)")
+        Action::Lapse(n, waiter) => {
+            let on = if kind == Kind::Multi {
+                format!(" on {}", NAME[usize::from(n)])
+            } else {
+                String::new()
+            };
+            format!("{waiter}'s waiter registration{on} lapses (no new attempt before its deadline)")
         }
         Action::Begin(c) | Action::Attempt(c) => {
             let what = if matches!(action, Action::Begin(_)) {
@@ -247,13 +299,13 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
             format!(
                 "{}: {what}; sends {}",
                 who(c),
-                last_request(kind, before, after, c)
+                last_request(model, before, after, c)
             )
         }
         Action::GiveUp(c) => format!(
             "{}: gives up acquiring (deadline); {}",
             who(c),
-            background(kind, before, after, c)
+            background(model, before, after, c)
         ),
         Action::Deliver(i) => match before.net[i] {
             Msg::Request {
@@ -265,13 +317,17 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
                     },
                 ..
             } if !model.pipeline_back_to_back => {
-                let taken = after.server.lock.is_some_and(|k| k.token == token)
-                    && before.server.lock.is_none_or(|k| k.token != token);
+                let n = match model.lock_of(from) {
+                    Lock::Name(n) => n,
+                    Lock::Multi => 0,
+                };
+                let taken = after.server.names[n].lock.is_some_and(|k| k.token == token)
+                    && before.server.names[n].lock.is_none_or(|k| k.token != token);
                 format!(
                     "server runs the SET NX PX of {token}'s pipeline from {} → {} (its INCR follows); {}",
                     who(from),
                     if taken { "OK" } else { "nil (held)" },
-                    key_text(after, now)
+                    key_text(model, after, now)
                 )
             }
             Msg::Request { from, slot, req, .. } => {
@@ -308,29 +364,38 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
                     .unwrap_or_default();
                 format!(
                     "server runs {} from {}{answer}{grant}; {}",
-                    script(kind, &req),
+                    script(model, &req),
                     who(from),
-                    key_text(after, now)
+                    key_text(model, after, now)
                 )
             }
-            Msg::Reply { to, slot, reply, .. } => format!(
-                "{}: reply to its {} arrives: {} → {}{}",
-                who(to),
-                slot_name(slot),
-                reply_text(&reply),
-                phase_text(after, usize::from(to), now),
-                follow_up(kind, before, after, to)
-            ),
+            Msg::Reply { to, slot, reply, .. } => {
+                let too_late = matches!(reply, Reply::MultiAcquired { .. })
+                    && matches!(after.clients[usize::from(to)].phase, Phase::Acquiring(_));
+                format!(
+                    "{}: reply to its {} arrives: {} → {}{}{}",
+                    who(to),
+                    slot_name(slot),
+                    reply_text(&reply),
+                    if too_late {
+                        "too late for a lease, gives every name back: "
+                    } else {
+                        ""
+                    },
+                    phase_text(after, usize::from(to), now),
+                    follow_up(model, before, after, to)
+                )
+            }
             Msg::Grant { to, fence } => format!(
                 "{}: reads hand-over \"g {to} {fence}\" → {}{}",
                 who(to.client),
                 phase_text(after, usize::from(to.client), now),
-                follow_up(kind, before, after, to.client)
+                follow_up(model, before, after, to.client)
             ),
         },
         Action::Lose(i) => match before.net[i] {
             Msg::Request { from, req, .. } => {
-                format!("network loses {}'s request {}", who(from), script(kind, &req))
+                format!("network loses {}'s request {}", who(from), script(model, &req))
             }
             Msg::Reply { to, slot, reply, .. } => format!(
                 "network loses the reply to {}'s {} ({})",
@@ -348,9 +413,9 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
                 (Slot::Renew, _) => "the renewal counts as failed".to_string(),
                 (Slot::HandOff, _) => format!(
                     "the waiting task gets the turn and sends {}",
-                    last_request(kind, before, after, c)
+                    last_request(model, before, after, c)
                 ),
-                _ => format!("retries: sends {}", last_request(kind, before, after, c)),
+                _ => format!("retries: sends {}", last_request(model, before, after, c)),
             }
         ),
         Action::Renew(c) | Action::Extend(c) => format!(
@@ -361,7 +426,7 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
             } else {
                 "extend()"
             },
-            last_request(kind, before, after, c)
+            last_request(model, before, after, c)
         ),
         Action::Release(c) => {
             let step = match after.clients[usize::from(c)].phase {
@@ -374,41 +439,49 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
             format!(
                 "{}: release(): its lease ends for it; sends {}{step}",
                 who(c),
-                last_request(kind, before, after, c)
+                last_request(model, before, after, c)
             )
         }
         Action::Drop(c) => format!(
             "{}: drops its guard; {}",
             who(c),
-            background(kind, before, after, c)
+            background(model, before, after, c)
         ),
         Action::HandOver(c) => format!(
             "{}: releases while another of its tasks waits; sends {}",
             who(c),
-            last_request(kind, before, after, c)
+            last_request(model, before, after, c)
         ),
         Action::SendExpire(c) => format!("{}: sends PEXPIRE key (second step of its acquire)", who(c)),
         Action::Write(c) => {
             let Phase::Holding(h) = before.clients[usize::from(c)].phase else {
                 unreachable!("writes come from guards");
             };
-            let fence = h.fence.expect("fenced");
             let lease = if h.believes() {
                 "its lease valid"
             } else {
                 "its lease no longer valid (a pause, or a slow write)"
             };
-            let verdict = if after.resource.interleaved && !before.resource.interleaved {
-                "ACCEPTED, interleaved with another holder's writes with the same token"
-            } else if after.resource.last == Some(h.token) && after.resource.highest == Some(fence) {
-                "accepted"
-            } else {
-                "refused (a higher fence was seen)"
-            };
-            format!(
-                "{}: writes to the resource with fence {fence}, {lease}: {verdict}",
-                who(c)
-            )
+            let writes: Vec<String> = (0..NAMES)
+                .filter_map(|n| {
+                    let fence = h.fences[n]?;
+                    let (b, a) = (&before.resources[n], &after.resources[n]);
+                    let verdict = if a.interleaved && !b.interleaved {
+                        "ACCEPTED, interleaved with another holder's writes with the same token"
+                    } else if a.last == Some(h.token) && a.highest == Some(fence) {
+                        "accepted"
+                    } else {
+                        "refused (a higher fence was seen)"
+                    };
+                    let resource = if kind == Kind::Multi {
+                        format!("{}'s resource", NAME[n])
+                    } else {
+                        "the resource".to_string()
+                    };
+                    Some(format!("to {resource} with fence {fence}: {verdict}"))
+                })
+                .collect();
+            format!("{}: writes, {lease}: {}", who(c), writes.join("; "))
         }
         Action::Crash(c) => format!("{}: CRASHES", who(c)),
         Action::LoseCounter => "the fencing counter key expires (the floor remains)".to_string(),
@@ -416,17 +489,17 @@ fn describe(model: &LockModel, before: &State, action: Action, after: &State, no
 }
 
 /// The request a step sent for client `c`, as text.
-fn last_request(kind: Kind, before: &State, after: &State, c: u8) -> String {
+fn last_request(model: &LockModel, before: &State, after: &State, c: u8) -> String {
     added(before, after)
         .iter()
         .find_map(|m| match m {
-            Msg::Request { from, req, .. } if *from == c => Some(script(kind, req)),
+            Msg::Request { from, req, .. } if *from == c => Some(script(model, req)),
             _ => None,
         })
         .unwrap_or_else(|| "nothing".to_string())
 }
 
-fn background(kind: Kind, before: &State, after: &State, c: u8) -> String {
+fn background(model: &LockModel, before: &State, after: &State, c: u8) -> String {
     let new: Vec<String> = added(before, after)
         .iter()
         .filter_map(|m| match m {
@@ -435,7 +508,7 @@ fn background(kind: Kind, before: &State, after: &State, c: u8) -> String {
                 slot: Slot::Background,
                 req,
                 ..
-            } if *from == c => Some(script(kind, req)),
+            } if *from == c => Some(script(model, req)),
             _ => None,
         })
         .collect();
@@ -472,11 +545,11 @@ fn added(before: &State, after: &State) -> Vec<Msg> {
 }
 
 /// A request a reply led to (the second step of a release, a confirmation).
-fn follow_up(kind: Kind, before: &State, after: &State, c: u8) -> String {
+fn follow_up(model: &LockModel, before: &State, after: &State, c: u8) -> String {
     let sent: Vec<String> = added(before, after)
         .iter()
         .filter_map(|m| match m {
-            Msg::Request { from, req, .. } if *from == c => Some(script(kind, req)),
+            Msg::Request { from, req, .. } if *from == c => Some(script(model, req)),
             _ => None,
         })
         .collect();
@@ -501,45 +574,70 @@ fn slot_name(slot: Slot) -> &'static str {
 
 /// What is wrong (or right) in the last state of a trace.
 pub fn summary(model: &LockModel, s: &State, now: u32) -> String {
-    let believers: Vec<String> = (0..s.clients.len())
-        .filter(|&c| s.clients[c].believes())
-        .map(|c| format!("{} {}", client_name(c as u8), phase_text(s, c, now)))
-        .collect();
     let mut parts = Vec::new();
-    if believers.len() > model.kind.holders() {
-        parts.push(format!(
-            "{} believe they hold at once: {}",
-            believers.len(),
-            believers.join("; ")
-        ));
+    for (n, name) in NAME.iter().enumerate() {
+        let believers: Vec<String> = (0..s.clients.len())
+            .filter(|&c| s.clients[c].believes() && model.lock_of(c as u8).covers(n))
+            .map(|c| format!("{} {}", client_name(c as u8), phase_text(s, c, now)))
+            .collect();
+        if believers.len() > model.kind.holders() {
+            let of = if model.kind == Kind::Multi {
+                format!(" {name}")
+            } else {
+                String::new()
+            };
+            parts.push(format!(
+                "{} believe they hold{of} at once: {}",
+                believers.len(),
+                believers.join("; ")
+            ));
+        }
     }
-    if s.resource.interleaved {
+    if s.resources.iter().any(|r| r.interleaved) {
         parts.push("the resource accepted two holders' writes with the same fencing token".to_string());
     }
-    if s.server.misissued {
-        let to = s
-            .server
-            .last_taker
-            .map_or(String::new(), |t| format!(" (it is {t})"));
+    if s.fence_behind {
+        let who = (0..s.clients.len())
+            .find_map(|c| match s.clients[c].phase {
+                Phase::Holding(h) if s.server.names.iter().any(|n| n.last_taker == Some(h.token)) => {
+                    Some(h.token)
+                }
+                _ => None,
+            })
+            .map_or(String::new(), |t| format!("{t} "));
+        parts.push(format!(
+            "{who}believes it holds with a fencing token below one issued before it took the lock: the \
+             resource would refuse its writes and accept an earlier holder's"
+        ));
+    }
+    if let Some(name) = s.server.names.iter().find(|n| n.misissued) {
+        let to = name.last_taker.map_or(String::new(), |t| format!(" (it is {t})"));
         parts.push(format!(
             "a fencing token went to a client other than the one that took the lock last{to}: \
              a stale holder's token is above a newer holder's"
         ));
     }
-    if let Some(k) = s.server.lock
+    if let Some(k) = s.server.names.iter().find_map(|n| n.lock)
         && !s.token_alive(k.token)
         && k.expires.is_none_or(|e| e > model.timing.max_ttl())
     {
         parts.push(format!(
             "{}, and no one will ever release or renew {}: an orphan",
-            key_text(s, now),
+            key_text(model, s, now),
             k.token
         ));
     }
     if s.lied {
         let told = (0..s.clients.len())
             .find_map(|c| match s.clients[c].phase {
-                Phase::Acquiring(a) if s.server.lock.is_some_and(|k| k.token == a.token) => Some(a.token),
+                Phase::Acquiring(a)
+                    if s.server
+                        .names
+                        .iter()
+                        .any(|n| n.lock.is_some_and(|k| k.token == a.token)) =>
+                {
+                    Some(a.token)
+                }
                 _ => None,
             })
             .map_or(String::new(), |t: Tok| format!(" ({} holds the lock)", t));
@@ -548,7 +646,7 @@ pub fn summary(model: &LockModel, s: &State, now: u32) -> String {
         ));
     }
     if parts.is_empty() {
-        parts.push(key_text(s, now));
+        parts.push(key_text(model, s, now));
     }
     parts.join("; ")
 }

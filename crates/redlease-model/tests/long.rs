@@ -28,14 +28,20 @@ fn long(name: &str) -> Check {
 
 #[test]
 #[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
-fn mutex_lost_messages_long() {
-    holds(long("mutex-lost-messages-long"));
+fn mutex_every_fault() {
+    holds(long("mutex-every-fault"));
 }
 
 #[test]
 #[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
-fn mutex_every_fault() {
-    holds(long("mutex-every-fault"));
+fn mutex_contention_long() {
+    holds(long("mutex-contention-long"));
+}
+
+#[test]
+#[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
+fn mutex_lost_messages_long() {
+    holds(long("mutex-lost-messages-long"));
 }
 
 #[test]
@@ -48,4 +54,16 @@ fn election_long() {
 #[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
 fn semaphore_long() {
     holds(long("semaphore-long"));
+}
+
+#[test]
+#[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
+fn multi_contention_long() {
+    holds(long("multi-contention-long"));
+}
+
+#[test]
+#[ignore = "the longer run (minutes, gigabytes): cargo test --release -- --ignored"]
+fn multi_lost_messages_long() {
+    holds(long("multi-lost-messages-long"));
 }

@@ -62,3 +62,8 @@ fn election() {
 fn semaphore() {
     holds(checks::semaphore(), 500_000);
 }
+
+#[test]
+fn multi_lock_beside_a_plain_mutex_of_one_of_its_names() {
+    holds(checks::multi(), 1_000_000);
+}
