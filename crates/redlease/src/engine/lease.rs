@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use super::deadline::later;
 use super::metrics::{self, Lost, Primitive};
+use super::renewer::Slot;
 use crate::script::ScriptCall;
 
 /// Why a lease ended.
@@ -121,6 +122,8 @@ pub(crate) struct LeaseState {
     /// Bumped whenever the renewal schedule of this lease changes; queue entries with an
     /// older epoch are stale.
     epoch: AtomicU64,
+    /// Where the lease waits in the renewal task's queue.
+    pub(crate) slot: Slot,
     pub renew: Renew,
     pub auto_renew: bool,
     /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
@@ -177,6 +180,7 @@ impl LeaseState {
             }),
             changed: Notify::new(),
             epoch: AtomicU64::new(0),
+            slot: Slot::default(),
             renew,
             auto_renew,
             replicas_acked: AtomicU32::new(NO_ACK),
@@ -214,7 +218,7 @@ impl LeaseState {
     fn ended_now(&self, reason: LostReason) {
         self.measure_end(reason);
         self.changed.notify_waiters();
-        self.bump_epoch();
+        self.unschedule();
         match reason {
             LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
             _ => {
@@ -269,6 +273,12 @@ impl LeaseState {
         self.ttl() / 3
     }
 
+    /// [`interval`](Self::interval) without looking at whether the lease ran out
+    /// (which would end it): for the renewal task, under its queue's lock.
+    pub fn scheduled_interval(&self) -> Duration {
+        self.state.lock().expect("lease lock").ttl / 3
+    }
+
     pub fn valid_until(&self) -> Instant {
         self.state().valid_until
     }
@@ -300,6 +310,12 @@ impl LeaseState {
 
     pub fn bump_epoch(&self) -> u64 {
         self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Drops the renewal schedule: the lease leaves the renewal task's queue at once.
+    fn unschedule(&self) {
+        self.bump_epoch();
+        self.slot.leave();
     }
 
     /// Records how many replicas acknowledged the last acquire or extend.
@@ -402,8 +418,7 @@ impl Drop for Releasing {
         let lease = &self.0;
         let was = std::mem::replace(&mut lease.state.lock().expect("lease lock").releasing, false);
         if was {
-            // Drop the renewal schedule.
-            lease.bump_epoch();
+            lease.unschedule();
         }
     }
 }
