@@ -41,6 +41,9 @@ pub(crate) struct Context {
     pub retry_window: Duration,
     /// Standalone, Sentinel or Cluster, and what that changes.
     pub topology: Topology,
+    /// Durations in milliseconds as script arguments, made once for the lease lengths
+    /// in use rather than for every lock handle.
+    pub millis: MillisArgs,
 }
 
 /// Everything a [`Context`] is built from.
@@ -83,6 +86,7 @@ impl Context {
             subscribe_timeout: Duration::from_secs(1),
             retry_window,
             topology,
+            millis: MillisArgs::default(),
         })
     }
 
@@ -94,6 +98,31 @@ impl Context {
             .await
             .unwrap_or(0)
             .max(0) as u64
+    }
+}
+
+/// A few durations in milliseconds as shared decimal strings (script arguments): a
+/// client usually uses one or two lease lengths, and each lock handle would otherwise
+/// format its own.
+#[derive(Debug, Default)]
+pub(crate) struct MillisArgs(std::sync::Mutex<Vec<(u64, Arc<str>)>>);
+
+/// How many distinct values [`MillisArgs`] keeps.
+const MILLIS_KEPT: usize = 8;
+
+impl MillisArgs {
+    /// `ms` as a decimal string.
+    pub fn arg(&self, ms: u64) -> Arc<str> {
+        let mut kept = self.0.lock().expect("millis lock");
+        if let Some((_, arg)) = kept.iter().find(|(m, _)| *m == ms) {
+            return arg.clone();
+        }
+        let arg: Arc<str> = ms.to_string().into();
+        if kept.len() >= MILLIS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((ms, arg.clone()));
+        arg
     }
 }
 
