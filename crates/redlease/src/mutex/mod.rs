@@ -312,7 +312,8 @@ impl Mutex {
         incr.arg("INCR").arg(&**counter);
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.add_command(set).add_command(incr);
-        let claim = s.base.claim(self.release_call(token));
+        let release = self.release_call(token);
+        let claim = s.base.claim(release.clone());
         claim.arm();
         let op = s.base.op("acquire");
         let conn = &*s.base.ctx.conn;
@@ -338,7 +339,7 @@ impl Mutex {
             Ok(v) => int(v).and_then(|f| u64::try_from(f).ok()),
             Err(e) => {
                 // A counter key of another type: give the lock back at once.
-                let _ = op.call(&self.release_call(token), deadline, None).await;
+                let _ = op.call(&release, deadline, None).await;
                 claim.disarm();
                 return Err(op.error(e.clone()));
             }
@@ -351,7 +352,7 @@ impl Mutex {
                     sent,
                     remaining: s.base.options.ttl,
                     renew: self.renew_call(token),
-                    release: self.release_call(token),
+                    release,
                 });
                 claim.disarm();
                 tracing::debug!(lock = %s.base.name, fence, "acquired");
