@@ -34,7 +34,16 @@ impl Token {
         random_hex((&mut buf[..32]).try_into().expect("32 bytes"));
         buf[32] = b'@';
         let mut len = 33;
-        for c in label.chars() {
+        // Most labels (`host:pid`) are short and printable ASCII: copied as they are.
+        let plain = label.len() <= MAX_LABEL && label.bytes().all(|b| (0x20..0x7f).contains(&b));
+        let chars = if plain {
+            buf[len..len + label.len()].copy_from_slice(label.as_bytes());
+            len += label.len();
+            ""
+        } else {
+            label
+        };
+        for c in chars.chars() {
             let c = if c.is_control() { '?' } else { c };
             if len + c.len_utf8() > buf.len() {
                 break;

@@ -144,19 +144,18 @@ impl Locals {
     /// client; made with `T::default()` when there is none yet.
     pub fn get<T: Default + Send + Sync + 'static>(&self, key: &Arc<str>) -> Arc<T> {
         let mut entries = self.entries.lock().expect("locals lock");
-        if let Some(existing) = entries
-            .get(key)
-            .and_then(Weak::upgrade)
-            .and_then(|any| any.downcast::<T>().ok())
-        {
-            return existing;
-        }
-        if entries.len() > 64 && entries.len().is_power_of_two() {
+        // About to grow past a power of two: drop the entries nothing uses any more.
+        if entries.len() > 64 && entries.len().is_power_of_two() && !entries.contains_key(key) {
             entries.retain(|_, w| w.strong_count() > 0);
+        }
+        // One lookup (one hash of the key) for both the hit and the miss.
+        let entry = entries.entry(key.clone()).or_insert_with(|| Weak::<()>::new());
+        if let Some(existing) = entry.upgrade().and_then(|any| any.downcast::<T>().ok()) {
+            return existing;
         }
         let fresh = Arc::new(T::default());
         let erased: Arc<dyn Any + Send + Sync> = fresh.clone();
-        entries.insert(key.clone(), Arc::downgrade(&erased));
+        *entry = Arc::downgrade(&erased);
         fresh
     }
 }

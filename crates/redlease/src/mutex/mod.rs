@@ -274,7 +274,9 @@ impl Mutex {
             Free::Acquired(core) => return Ok(core),
             Free::Not(pending) => pending,
         };
-        let core = self.acquire_scripted(token, wait).await?;
+        // Boxed: the script's future is large, and a free lock never needs it — the
+        // future of every `lock()` would otherwise be sized (and moved) for it.
+        let core = Box::pin(self.acquire_scripted(token, wait)).await?;
         if let Some(claim) = pending {
             claim.disarm();
         }
@@ -461,7 +463,8 @@ impl Mutex {
             turn,
             mutex: self.clone(),
         };
-        self.hand_over(core, popped).await
+        // Boxed for the same reason as the acquire script: most releases do not hand over.
+        Box::pin(self.hand_over(core, popped)).await
     }
 
     /// Moves the lock from `core`'s token to the picked local waiter in one script.
