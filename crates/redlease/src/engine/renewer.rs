@@ -382,3 +382,69 @@ fn settle(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::lease::Releasing;
+    use crate::script::{MUTEX_EXTEND, ScriptCall};
+
+    /// A connection that is never reached: these leases are not due for a minute.
+    struct Unused;
+
+    impl CommandConnection for Unused {
+        fn send<'a>(&'a self, _: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+            unreachable!("no lease is due")
+        }
+
+        fn send_pipeline<'a>(
+            &'a self,
+            _: &'a redis::Pipeline,
+        ) -> redis::RedisFuture<'a, Vec<redis::RedisResult<redis::Value>>> {
+            unreachable!("no lease is due")
+        }
+    }
+
+    fn lease() -> Arc<LeaseState> {
+        let call = ScriptCall::new(&MUTEX_EXTEND, Arc::new([]), Arc::new([]));
+        let ttl = Duration::from_secs(180);
+        LeaseState::new(
+            "l".into(),
+            Instant::now(),
+            ttl,
+            ttl,
+            Renew::Script(call),
+            true,
+            None,
+        )
+    }
+
+    fn queued(renewer: &Renewer) -> usize {
+        renewer.inbox.queue.lock().unwrap().entries.len()
+    }
+
+    #[tokio::test]
+    async fn a_lease_waits_in_one_place_and_leaves_when_it_ends() {
+        let renewer = Renewer::spawn(Arc::new(Unused), Batching::OnePipeline);
+        let leases: Vec<_> = (0..100).map(|_| lease()).collect();
+        for lease in &leases {
+            renewer.schedule(lease);
+        }
+        // Rescheduling (an extend) moves a lease; it does not add a place.
+        renewer.schedule(&leases[0]);
+        renewer.schedule(&leases[0]);
+        assert_eq!(queued(&renewer), 100);
+        // Ended leases leave at once, nothing of them kept alive by the queue.
+        for lease in &leases[..50] {
+            lease.end(LostReason::Released);
+        }
+        assert_eq!(queued(&renewer), 50);
+        assert!(leases[..50].iter().all(|l| Arc::strong_count(l) == 1));
+        // A lease being released is renewed until its release is answered.
+        let (held, releasing): (bool, Releasing) = leases[50].begin_release();
+        assert!(held);
+        assert_eq!(queued(&renewer), 50, "still renewed while releasing");
+        drop(releasing);
+        assert_eq!(queued(&renewer), 49, "gone once the release is answered");
+    }
+}
