@@ -24,8 +24,8 @@
 //! one after the other. A reply saying the token no longer holds the lock ends the
 //! lease for good: a token is never given a lock again once it lost it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -34,7 +34,6 @@ use tokio::time::Instant;
 
 use super::deadline::later;
 use super::metrics::{self, Lost, Primitive};
-use super::renewer::Slot;
 use crate::script::ScriptCall;
 
 /// Why a lease ended.
@@ -308,6 +307,11 @@ impl LeaseState {
         self.epoch.load(Ordering::Acquire)
     }
 
+    /// The counter behind [`epoch`](Self::epoch), for the lease's [`Slot`].
+    pub fn epoch_counter(&self) -> &AtomicU64 {
+        &self.epoch
+    }
+
     pub fn bump_epoch(&self) -> u64 {
         self.epoch.fetch_add(1, Ordering::AcqRel) + 1
     }
@@ -406,6 +410,61 @@ impl LeaseState {
             self.ended_now(reason);
         }
         ended
+    }
+}
+
+/// A place in a renewal queue: when the lease is due, and a sequence number that makes
+/// it unique.
+pub(crate) type Place = (Instant, u64);
+
+/// The renewal task's queue, as a lease sees it: something it can leave.
+pub(crate) trait RenewalQueue: Send + Sync {
+    /// Takes the lease at `place` out of the queue (nothing if it is not there).
+    fn remove(&self, place: Place);
+}
+
+/// Where a lease waits in the renewal task's queue, so that it leaves at once when it
+/// ends.
+#[derive(Default)]
+pub(crate) struct Slot(std::sync::Mutex<Option<(Weak<dyn RenewalQueue>, Place)>>);
+
+impl Slot {
+    /// Records the lease's new `place` in `queue`, taken for the schedule of `epoch`,
+    /// and takes the lease's old place out of its queue — or this new place, if the
+    /// lease was rescheduled or ended since `epoch` (its epoch moves before its place
+    /// does, so whoever moved it takes, or has taken, its own place).
+    pub fn occupy(&self, current: &AtomicU64, queue: Weak<dyn RenewalQueue>, place: Place, epoch: u64) {
+        let stale = {
+            let mut slot = self.0.lock().expect("slot lock");
+            if current.load(Ordering::Acquire) != epoch {
+                Some((queue, place))
+            } else {
+                slot.replace((queue, place))
+            }
+        };
+        if let Some((queue, place)) = stale {
+            leave(&queue, place);
+        }
+    }
+
+    /// Leaves the queue (the lease ended, or its holder finished releasing it).
+    pub fn leave(&self) {
+        let place = self.0.lock().expect("slot lock").take();
+        if let Some((queue, place)) = place {
+            leave(&queue, place);
+        }
+    }
+}
+
+fn leave(queue: &Weak<dyn RenewalQueue>, place: Place) {
+    if let Some(queue) = queue.upgrade() {
+        queue.remove(place);
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use super::deadline::later;
-use super::lease::{LeaseState, LostReason, Renew, Renewal};
+use super::lease::{LeaseState, LostReason, Place, Renew, Renewal, RenewalQueue};
 use super::metrics;
 use crate::script::eval_batch;
 use crate::script::reply::int;
@@ -48,7 +48,7 @@ struct Entry {
 
 /// A place in the queue: when the lease is due, and a sequence number that makes the
 /// key unique.
-type Key = (Instant, u64);
+type Key = Place;
 
 /// Counters of one client's renewal work.
 #[derive(Debug, Default)]
@@ -100,57 +100,16 @@ impl Inbox {
             );
             key
         };
-        if let Some((inbox, key)) = lease.slot.occupy(lease, Arc::downgrade(self), key, epoch) {
-            remove(&inbox, key);
-        }
+        let queue: Weak<dyn RenewalQueue> = Arc::downgrade(self) as Weak<Inbox>;
+        lease.slot.occupy(lease.epoch_counter(), queue, key, epoch);
     }
 }
 
-/// Takes `key` out of the queue (if the renewal task still runs).
-fn remove(inbox: &Weak<Inbox>, key: Key) {
-    if let Some(inbox) = inbox.upgrade() {
-        let removed = inbox.queue.lock().expect("renewer lock").entries.remove(&key);
+impl RenewalQueue for Inbox {
+    fn remove(&self, place: Place) {
+        let removed = self.queue.lock().expect("renewer lock").entries.remove(&place);
         // The lease (maybe its last reference) goes outside the lock.
         drop(removed);
-    }
-}
-
-/// Where a lease waits in its renewer's queue, so that it can leave at once when it
-/// ends.
-#[derive(Default)]
-pub(crate) struct Slot(std::sync::Mutex<Option<(Weak<Inbox>, Key)>>);
-
-impl Slot {
-    /// Records the new place of `lease` (of `epoch`); returns the place to take out
-    /// of the queue: the one the lease had — or this one, if the lease was
-    /// rescheduled or ended since `epoch` (the epoch moves before the place does, so
-    /// whoever moved it will take or has taken its own place).
-    fn occupy(
-        &self,
-        lease: &LeaseState,
-        inbox: Weak<Inbox>,
-        key: Key,
-        epoch: u64,
-    ) -> Option<(Weak<Inbox>, Key)> {
-        let mut place = self.0.lock().expect("slot lock");
-        if lease.epoch() != epoch {
-            return Some((inbox, key));
-        }
-        place.replace((inbox, key))
-    }
-
-    /// Leaves the queue (the lease ended, or its holder finished releasing it).
-    pub fn leave(&self) {
-        let place = self.0.lock().expect("slot lock").take();
-        if let Some((inbox, key)) = place {
-            remove(&inbox, key);
-        }
-    }
-}
-
-impl std::fmt::Debug for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Slot")
     }
 }
 
