@@ -24,8 +24,9 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 pub(crate) struct LockKeys {
     /// The lock key itself, `<prefix><name>`.
     pub key: String,
-    /// What auxiliary names are built from: `{key}` or `key` if it has a hash tag.
-    base: String,
+    /// Whether the key has a hash tag: auxiliary names are then `key:<suffix>`, else
+    /// `{key}:<suffix>`.
+    tagged: bool,
 }
 
 impl LockKeys {
@@ -47,31 +48,53 @@ impl LockKeys {
         let mut key = String::with_capacity(prefix.len() + name.len());
         key.push_str(prefix);
         key.push_str(name);
-        let base = if hash_tag(&key).is_some() {
-            key.clone()
-        } else if key.contains('}') {
+        let tagged = hash_tag(&key).is_some();
+        if !tagged && key.contains('}') {
             // `{key}` would end its tag at this brace and land in another slot.
             return Err(invalid(
                 "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot",
             ));
+        }
+        Ok(LockKeys { key, tagged })
+    }
+
+    /// The parts of an auxiliary name, in order.
+    fn aux_parts<'a>(&'a self, suffix: &'a str) -> [&'a str; 4] {
+        if self.tagged {
+            ["", &self.key, ":", suffix]
         } else {
-            let mut base = String::with_capacity(key.len() + 2);
-            base.push('{');
-            base.push_str(&key);
-            base.push('}');
-            base
-        };
-        Ok(LockKeys { key, base })
+            ["{", &self.key, "}:", suffix]
+        }
     }
 
     /// An auxiliary key or channel in the lock key's slot: `{key}:<suffix>`.
     pub fn aux(&self, suffix: &str) -> String {
-        let mut aux = String::with_capacity(self.base.len() + 1 + suffix.len());
-        aux.push_str(&self.base);
-        aux.push(':');
-        aux.push_str(suffix);
-        aux
+        self.aux_parts(suffix).concat()
     }
+
+    /// [`aux`](Self::aux) as a shared string, made in one allocation.
+    pub fn aux_shared(&self, suffix: &str) -> Arc<str> {
+        shared_concat(&self.aux_parts(suffix))
+    }
+}
+
+/// `parts` concatenated into a shared string, in one allocation when short (a `String`
+/// turned into an `Arc<str>` costs two).
+pub(crate) fn shared_concat(parts: &[&str]) -> Arc<str> {
+    const SHORT: usize = 256;
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    if len > SHORT {
+        return parts.concat().into();
+    }
+    let mut buf = [0u8; SHORT];
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part.as_bytes());
+        at += part.len();
+    }
+    std::str::from_utf8(&buf[..len])
+        .expect("strings concatenated are a string")
+        .into()
 }
 
 /// Whether `s` has a control character (the ASCII ones, DEL, and Unicode's).

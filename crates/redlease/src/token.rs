@@ -20,30 +20,41 @@ impl Token {
     /// Never in practice: only if the operating system has no usable random source,
     /// in which case no secure token can exist.
     pub(crate) fn generate() -> Self {
-        let bytes = random_16();
-        let mut s = String::with_capacity(32);
-        for b in bytes {
-            s.push(char::from(b"0123456789abcdef"[usize::from(b >> 4)]));
-            s.push(char::from(b"0123456789abcdef"[usize::from(b & 15)]));
-        }
-        Token(s.into())
+        let mut hex = [0u8; 32];
+        random_hex(&mut hex);
+        Token(std::str::from_utf8(&hex).expect("hex digits").into())
     }
 
     /// A fresh random token that names its owner: `<32 hex digits>@<label>`, so that
     /// the lock key itself tells who holds it (`status`, `list`). Control characters
     /// in the label become `?`, and it is cut to 128 bytes.
     pub(crate) fn for_owner(label: &str) -> Self {
-        let random = Token::generate();
-        let mut s = String::with_capacity(33 + label.len().min(MAX_LABEL));
-        s.push_str(&random.0);
-        s.push('@');
-        for c in label.chars() {
-            if s.len() + c.len_utf8() > 33 + MAX_LABEL {
+        // Built on the stack: the token costs one allocation, its shared string.
+        let mut buf = [0u8; 33 + MAX_LABEL];
+        random_hex((&mut buf[..32]).try_into().expect("32 bytes"));
+        buf[32] = b'@';
+        let mut len = 33;
+        // Most labels (`host:pid`) are short and printable ASCII: copied as they are.
+        let plain = label.len() <= MAX_LABEL && label.bytes().all(|b| (0x20..0x7f).contains(&b));
+        let chars = if plain {
+            buf[len..len + label.len()].copy_from_slice(label.as_bytes());
+            len += label.len();
+            ""
+        } else {
+            label
+        };
+        for c in chars.chars() {
+            let c = if c.is_control() { '?' } else { c };
+            if len + c.len_utf8() > buf.len() {
                 break;
             }
-            s.push(if c.is_control() { '?' } else { c });
+            len += c.encode_utf8(&mut buf[len..]).len();
         }
-        Token(s.into())
+        Token(
+            std::str::from_utf8(&buf[..len])
+                .expect("hex digits and a label")
+                .into(),
+        )
     }
 
     /// Wraps a token received from elsewhere (for example from `redlease acquire`).
@@ -85,6 +96,14 @@ pub(crate) fn public_id() -> String {
 
 /// 16 bytes from the operating system's CSPRNG. They are read 1 KiB at a time per
 /// thread and each byte is handed out once, which spares a system call per token.
+/// 32 random lowercase hex digits into `out`.
+fn random_hex(out: &mut [u8; 32]) {
+    for (i, b) in random_16().into_iter().enumerate() {
+        out[2 * i] = b"0123456789abcdef"[usize::from(b >> 4)];
+        out[2 * i + 1] = b"0123456789abcdef"[usize::from(b & 15)];
+    }
+}
+
 fn random_16() -> [u8; 16] {
     use std::cell::RefCell;
     const CHUNK: usize = 1024;

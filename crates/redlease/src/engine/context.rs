@@ -41,6 +41,9 @@ pub(crate) struct Context {
     pub retry_window: Duration,
     /// Standalone, Sentinel or Cluster, and what that changes.
     pub topology: Topology,
+    /// Durations in milliseconds as script arguments, made once for the lease lengths
+    /// in use rather than for every lock handle.
+    pub millis: MillisArgs,
 }
 
 /// Everything a [`Context`] is built from.
@@ -83,6 +86,7 @@ impl Context {
             subscribe_timeout: Duration::from_secs(1),
             retry_window,
             topology,
+            millis: MillisArgs::default(),
         })
     }
 
@@ -94,6 +98,31 @@ impl Context {
             .await
             .unwrap_or(0)
             .max(0) as u64
+    }
+}
+
+/// A few durations in milliseconds as shared decimal strings (script arguments): a
+/// client usually uses one or two lease lengths, and each lock handle would otherwise
+/// format its own.
+#[derive(Debug, Default)]
+pub(crate) struct MillisArgs(std::sync::Mutex<Vec<(u64, Arc<str>)>>);
+
+/// How many distinct values [`MillisArgs`] keeps.
+const MILLIS_KEPT: usize = 8;
+
+impl MillisArgs {
+    /// `ms` as a decimal string.
+    pub fn arg(&self, ms: u64) -> Arc<str> {
+        let mut kept = self.0.lock().expect("millis lock");
+        if let Some((_, arg)) = kept.iter().find(|(m, _)| *m == ms) {
+            return arg.clone();
+        }
+        let arg: Arc<str> = ms.to_string().into();
+        if kept.len() >= MILLIS_KEPT {
+            kept.remove(0);
+        }
+        kept.push((ms, arg.clone()));
+        arg
     }
 }
 
@@ -115,19 +144,18 @@ impl Locals {
     /// client; made with `T::default()` when there is none yet.
     pub fn get<T: Default + Send + Sync + 'static>(&self, key: &Arc<str>) -> Arc<T> {
         let mut entries = self.entries.lock().expect("locals lock");
-        if let Some(existing) = entries
-            .get(key)
-            .and_then(Weak::upgrade)
-            .and_then(|any| any.downcast::<T>().ok())
-        {
-            return existing;
-        }
-        if entries.len() > 64 && entries.len().is_power_of_two() {
+        // About to grow past a power of two: drop the entries nothing uses any more.
+        if entries.len() > 64 && entries.len().is_power_of_two() && !entries.contains_key(key) {
             entries.retain(|_, w| w.strong_count() > 0);
+        }
+        // One lookup (one hash of the key) for both the hit and the miss.
+        let entry = entries.entry(key.clone()).or_insert_with(|| Weak::<()>::new());
+        if let Some(existing) = entry.upgrade().and_then(|any| any.downcast::<T>().ok()) {
+            return existing;
         }
         let fresh = Arc::new(T::default());
         let erased: Arc<dyn Any + Send + Sync> = fresh.clone();
-        entries.insert(key.clone(), Arc::downgrade(&erased));
+        *entry = Arc::downgrade(&erased);
         fresh
     }
 }

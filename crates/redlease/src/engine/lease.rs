@@ -24,8 +24,8 @@
 //! one after the other. A reply saying the token no longer holds the lock ends the
 //! lease for good: a token is never given a lock again once it lost it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -121,6 +121,8 @@ pub(crate) struct LeaseState {
     /// Bumped whenever the renewal schedule of this lease changes; queue entries with an
     /// older epoch are stale.
     epoch: AtomicU64,
+    /// Where the lease waits in the renewal task's queue.
+    pub(crate) slot: Slot,
     pub renew: Renew,
     pub auto_renew: bool,
     /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
@@ -177,6 +179,7 @@ impl LeaseState {
             }),
             changed: Notify::new(),
             epoch: AtomicU64::new(0),
+            slot: Slot::default(),
             renew,
             auto_renew,
             replicas_acked: AtomicU32::new(NO_ACK),
@@ -214,7 +217,7 @@ impl LeaseState {
     fn ended_now(&self, reason: LostReason) {
         self.measure_end(reason);
         self.changed.notify_waiters();
-        self.bump_epoch();
+        self.unschedule();
         match reason {
             LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
             _ => {
@@ -269,6 +272,12 @@ impl LeaseState {
         self.ttl() / 3
     }
 
+    /// [`interval`](Self::interval) without looking at whether the lease ran out
+    /// (which would end it): for the renewal task, under its queue's lock.
+    pub fn scheduled_interval(&self) -> Duration {
+        self.state.lock().expect("lease lock").ttl / 3
+    }
+
     pub fn valid_until(&self) -> Instant {
         self.state().valid_until
     }
@@ -298,8 +307,19 @@ impl LeaseState {
         self.epoch.load(Ordering::Acquire)
     }
 
+    /// The counter behind [`epoch`](Self::epoch), for the lease's [`Slot`].
+    pub fn epoch_counter(&self) -> &AtomicU64 {
+        &self.epoch
+    }
+
     pub fn bump_epoch(&self) -> u64 {
         self.epoch.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// Drops the renewal schedule: the lease leaves the renewal task's queue at once.
+    fn unschedule(&self) {
+        self.bump_epoch();
+        self.slot.leave();
     }
 
     /// Records how many replicas acknowledged the last acquire or extend.
@@ -393,6 +413,61 @@ impl LeaseState {
     }
 }
 
+/// A place in a renewal queue: when the lease is due, and a sequence number that makes
+/// it unique.
+pub(crate) type Place = (Instant, u64);
+
+/// The renewal task's queue, as a lease sees it: something it can leave.
+pub(crate) trait RenewalQueue: Send + Sync {
+    /// Takes the lease at `place` out of the queue (nothing if it is not there).
+    fn remove(&self, place: Place);
+}
+
+/// Where a lease waits in the renewal task's queue, so that it leaves at once when it
+/// ends.
+#[derive(Default)]
+pub(crate) struct Slot(std::sync::Mutex<Option<(Weak<dyn RenewalQueue>, Place)>>);
+
+impl Slot {
+    /// Records the lease's new `place` in `queue`, taken for the schedule of `epoch`,
+    /// and takes the lease's old place out of its queue — or this new place, if the
+    /// lease was rescheduled or ended since `epoch` (its epoch moves before its place
+    /// does, so whoever moved it takes, or has taken, its own place).
+    pub fn occupy(&self, current: &AtomicU64, queue: Weak<dyn RenewalQueue>, place: Place, epoch: u64) {
+        let stale = {
+            let mut slot = self.0.lock().expect("slot lock");
+            if current.load(Ordering::Acquire) != epoch {
+                Some((queue, place))
+            } else {
+                slot.replace((queue, place))
+            }
+        };
+        if let Some((queue, place)) = stale {
+            leave(&queue, place);
+        }
+    }
+
+    /// Leaves the queue (the lease ended, or its holder finished releasing it).
+    pub fn leave(&self) {
+        let place = self.0.lock().expect("slot lock").take();
+        if let Some((queue, place)) = place {
+            leave(&queue, place);
+        }
+    }
+}
+
+fn leave(queue: &Weak<dyn RenewalQueue>, place: Place) {
+    if let Some(queue) = queue.upgrade() {
+        queue.remove(place);
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
 /// A release in progress: the lease is renewed until it is dropped.
 #[derive(Debug)]
 pub(crate) struct Releasing(Arc<LeaseState>);
@@ -402,8 +477,7 @@ impl Drop for Releasing {
         let lease = &self.0;
         let was = std::mem::replace(&mut lease.state.lock().expect("lease lock").releasing, false);
         if was {
-            // Drop the renewal schedule.
-            lease.bump_epoch();
+            lease.unschedule();
         }
     }
 }

@@ -1,7 +1,10 @@
 //! The renewal task: one per client, for all of its leases.
 //!
 //! Leases wait in a queue ordered by when their next renewal is due (a third of their
-//! TTL after the last confirmation). Each tick renews every lease that is due — and
+//! TTL after the last confirmation). The queue is shared by the task and the leases: a
+//! lease enters it without waking the task (unless it is due before the task would
+//! wake anyway) and leaves it the moment it ends, so a short holding costs an insert
+//! and a removal, and nothing of it stays behind for the task to clean up. Each tick renews every lease that is due — and
 //! those due soon, so that leases taken at slightly different times share ticks — in
 //! one pipelined round trip (one per node on a cluster), instead of one timer task per
 //! lock. A Redlock lease is renewed in the same tick by a round over its masters. A
@@ -10,7 +13,7 @@
 //! `Expired`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,7 +22,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 use super::deadline::later;
-use super::lease::{LeaseState, LostReason, Renew, Renewal};
+use super::lease::{LeaseState, LostReason, Place, Renew, Renewal, RenewalQueue};
 use super::metrics;
 use crate::script::eval_batch;
 use crate::script::reply::int;
@@ -43,7 +46,9 @@ struct Entry {
     epoch: u64,
 }
 
-type Scheduled = (Arc<LeaseState>, Instant, u64);
+/// A place in the queue: when the lease is due, and a sequence number that makes the
+/// key unique.
+type Key = Place;
 
 /// Counters of one client's renewal work.
 #[derive(Debug, Default)]
@@ -54,17 +59,58 @@ pub(crate) struct RenewalCounters {
     pub lost: AtomicU64,
 }
 
-/// What leases hand to the renewal task.
-#[derive(Debug)]
+/// The leases waiting for their next renewal, by due time.
+#[derive(Default)]
+struct Queue {
+    entries: BTreeMap<Key, Entry>,
+    seq: u64,
+}
+
+/// What the renewal task and the leases share.
 struct Inbox {
-    /// Newly scheduled leases, drained by the task when it wakes.
-    pending: std::sync::Mutex<Vec<Scheduled>>,
+    queue: std::sync::Mutex<Queue>,
     /// When the task will wake next, in nanoseconds after `base` (`u64::MAX`: never).
     /// A lease due later than this does not need to wake the task.
     wake_at: AtomicU64,
     base: Instant,
     notify: Notify,
     counters: RenewalCounters,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// Queues `lease` (scheduled as of `epoch`) to be renewed at `due`, in place of
+    /// where it waited before.
+    fn enqueue(self: &Arc<Self>, lease: &Arc<LeaseState>, due: Instant, epoch: u64) {
+        let key = {
+            let mut queue = self.queue.lock().expect("renewer lock");
+            queue.seq += 1;
+            let key = (due, queue.seq);
+            queue.entries.insert(
+                key,
+                Entry {
+                    lease: lease.clone(),
+                    epoch,
+                },
+            );
+            key
+        };
+        let queue: Weak<dyn RenewalQueue> = Arc::downgrade(self) as Weak<Inbox>;
+        lease.slot.occupy(lease.epoch_counter(), queue, key, epoch);
+    }
+}
+
+impl RenewalQueue for Inbox {
+    fn remove(&self, place: Place) {
+        let removed = self.queue.lock().expect("renewer lock").entries.remove(&place);
+        // The lease (maybe its last reference) goes outside the lock.
+        drop(removed);
+    }
 }
 
 /// Handle to the renewal task; the task stops when the last handle is dropped.
@@ -80,7 +126,7 @@ impl Renewer {
     pub fn spawn(conn: Arc<dyn CommandConnection>, batching: Batching) -> Self {
         let (alive, closed) = mpsc::channel(1);
         let inbox = Arc::new(Inbox {
-            pending: std::sync::Mutex::new(Vec::new()),
+            queue: std::sync::Mutex::new(Queue::default()),
             wake_at: AtomicU64::new(u64::MAX),
             base: Instant::now(),
             notify: Notify::new(),
@@ -103,12 +149,10 @@ impl Renewer {
     pub fn schedule(&self, lease: &Arc<LeaseState>) {
         let epoch = lease.bump_epoch();
         let due = lease.next_renewal();
-        self.inbox
-            .pending
-            .lock()
-            .expect("renewer lock")
-            .push((lease.clone(), due, epoch));
-        // Wake the task only if this lease is due before it would wake anyway.
+        self.inbox.enqueue(lease, due, epoch);
+        // Wake the task only if this lease is due before it would wake anyway. (The
+        // task publishes when it will wake under the queue's lock, after looking at the
+        // queue: either it saw this lease, or this load sees its new wake time.)
         if nanos_after(self.inbox.base, due) < self.inbox.wake_at.load(Ordering::SeqCst) {
             self.inbox.notify.notify_one();
         }
@@ -127,50 +171,41 @@ async fn run(
     inbox: Arc<Inbox>,
     mut closed: mpsc::Receiver<()>,
 ) {
-    let mut queue: BTreeMap<(Instant, u64), Entry> = BTreeMap::new();
-    let mut seq: u64 = 0;
-    let mut push = |queue: &mut BTreeMap<(Instant, u64), Entry>, (lease, due, epoch): Scheduled| {
-        seq += 1;
-        queue.insert((due, seq), Entry { lease, epoch });
-    };
     let far = later(Instant::now(), Duration::from_secs(365 * 24 * 3600));
     let sleep = tokio::time::sleep_until(far);
     tokio::pin!(sleep);
     loop {
-        // Drain new leases; publish when we will wake; drain again in case a lease was
-        // added before the new wake time was visible to it.
-        loop {
-            let drained = std::mem::take(&mut *inbox.pending.lock().expect("renewer lock"));
-            let was_empty = drained.is_empty();
-            for scheduled in drained {
-                push(&mut queue, scheduled);
-            }
-            let next = queue.first_key_value().map(|((due, _), _)| *due);
+        {
+            let queue = inbox.queue.lock().expect("renewer lock");
+            let next = queue.entries.first_key_value().map(|((due, _), _)| *due);
             inbox.wake_at.store(
                 next.map_or(u64::MAX, |t| nanos_after(inbox.base, t)),
                 Ordering::SeqCst,
             );
-            if was_empty && inbox.pending.lock().expect("renewer lock").is_empty() {
-                let target = next.unwrap_or(far);
-                if sleep.deadline() != target {
-                    sleep.as_mut().reset(target);
-                }
-                break;
+            let target = next.unwrap_or(far);
+            if sleep.deadline() != target {
+                sleep.as_mut().reset(target);
             }
         }
         tokio::select! {
             _ = inbox.notify.notified() => {}
-            _ = closed.recv() => return,
+            _ = closed.recv() => {
+                // Leases still queued keep nothing of the task alive.
+                let left = std::mem::take(&mut inbox.queue.lock().expect("renewer lock").entries);
+                drop(left);
+                return;
+            }
             _ = &mut sleep => {
                 sleep.as_mut().reset(far);
-                let batch = take_due(&mut queue);
+                let batch = take_due(&inbox);
                 if batch.is_empty() {
                     continue;
                 }
                 for (lease, due, epoch) in renew(&*conn, &batching, batch, &inbox.counters).await {
-                    // An extend() may have rescheduled the lease while it was renewed.
+                    // An extend() may have rescheduled the lease while it was renewed, or
+                    // the lease ended.
                     if lease.epoch() == epoch {
-                        push(&mut queue, (lease, due, epoch));
+                        inbox.enqueue(&lease, due, epoch);
                     }
                 }
             }
@@ -179,25 +214,30 @@ async fn run(
 }
 
 /// Removes and returns the live leases that are due now or within their coalescing window.
-fn take_due(queue: &mut BTreeMap<(Instant, u64), Entry>) -> Vec<(Arc<LeaseState>, u64)> {
+fn take_due(inbox: &Inbox) -> Vec<(Arc<LeaseState>, u64)> {
     let now = Instant::now();
     let horizon = later(now, COALESCE_CAP);
-    let mut keys = Vec::new();
-    for (&(due, seq), entry) in queue.range(..(horizon, u64::MAX)) {
-        let stale = entry.epoch != entry.lease.epoch() || !entry.lease.renewable();
-        let window = (entry.lease.interval() / COALESCE_DIVISOR).min(COALESCE_CAP);
-        if stale || due <= later(now, window) {
-            keys.push((due, seq));
+    let taken: Vec<Entry> = {
+        let mut queue = inbox.queue.lock().expect("renewer lock");
+        let mut keys = Vec::new();
+        for (&(due, seq), entry) in queue.entries.range(..(horizon, u64::MAX)) {
+            let stale = entry.epoch != entry.lease.epoch();
+            let window = (entry.lease.scheduled_interval() / COALESCE_DIVISOR).min(COALESCE_CAP);
+            if stale || due <= later(now, window) {
+                keys.push((due, seq));
+            }
         }
-    }
-    let mut batch = Vec::with_capacity(keys.len());
-    for key in keys {
-        let entry = queue.remove(&key).expect("key was just listed");
-        if entry.epoch == entry.lease.epoch() && entry.lease.renewable() {
-            batch.push((entry.lease, entry.epoch));
-        }
-    }
-    batch
+        keys.into_iter()
+            .map(|key| queue.entries.remove(&key).expect("key was just listed"))
+            .collect()
+    };
+    // Outside the lock: looking at a lease ends it if it ran out, and a lease that
+    // ends leaves the queue.
+    taken
+        .into_iter()
+        .filter(|entry| entry.epoch == entry.lease.epoch() && entry.lease.renewable())
+        .map(|entry| (entry.lease, entry.epoch))
+        .collect()
 }
 
 /// Renews a batch: the script leases in one round trip (one per node on a cluster),
@@ -299,5 +339,71 @@ fn settle(
                 Some(later(now, retry).min(valid_until))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::lease::Releasing;
+    use crate::script::{MUTEX_EXTEND, ScriptCall};
+
+    /// A connection that is never reached: these leases are not due for a minute.
+    struct Unused;
+
+    impl CommandConnection for Unused {
+        fn send<'a>(&'a self, _: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+            unreachable!("no lease is due")
+        }
+
+        fn send_pipeline<'a>(
+            &'a self,
+            _: &'a redis::Pipeline,
+        ) -> redis::RedisFuture<'a, Vec<redis::RedisResult<redis::Value>>> {
+            unreachable!("no lease is due")
+        }
+    }
+
+    fn lease() -> Arc<LeaseState> {
+        let call = ScriptCall::new(&MUTEX_EXTEND, Arc::new([]), Arc::new([]));
+        let ttl = Duration::from_secs(180);
+        LeaseState::new(
+            "l".into(),
+            Instant::now(),
+            ttl,
+            ttl,
+            Renew::Script(call),
+            true,
+            None,
+        )
+    }
+
+    fn queued(renewer: &Renewer) -> usize {
+        renewer.inbox.queue.lock().unwrap().entries.len()
+    }
+
+    #[tokio::test]
+    async fn a_lease_waits_in_one_place_and_leaves_when_it_ends() {
+        let renewer = Renewer::spawn(Arc::new(Unused), Batching::OnePipeline);
+        let leases: Vec<_> = (0..100).map(|_| lease()).collect();
+        for lease in &leases {
+            renewer.schedule(lease);
+        }
+        // Rescheduling (an extend) moves a lease; it does not add a place.
+        renewer.schedule(&leases[0]);
+        renewer.schedule(&leases[0]);
+        assert_eq!(queued(&renewer), 100);
+        // Ended leases leave at once, nothing of them kept alive by the queue.
+        for lease in &leases[..50] {
+            lease.end(LostReason::Released);
+        }
+        assert_eq!(queued(&renewer), 50);
+        assert!(leases[..50].iter().all(|l| Arc::strong_count(l) == 1));
+        // A lease being released is renewed until its release is answered.
+        let (held, releasing): (bool, Releasing) = leases[50].begin_release();
+        assert!(held);
+        assert_eq!(queued(&renewer), 50, "still renewed while releasing");
+        drop(releasing);
+        assert_eq!(queued(&renewer), 49, "gone once the release is answered");
     }
 }

@@ -137,10 +137,12 @@ impl<'a> Op<'a> {
         F: FnMut() -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let window = Deadline::after(self.ctx.retry_window);
+        // The retry window runs from the first attempt (looked at only after a failure).
+        let mut first_sent = None;
         let mut delay = RETRY_FIRST;
         loop {
             let sent = Instant::now();
+            let started = *first_sent.get_or_insert(sent);
             let Some(outcome) = deadline.at_least(REQUEST_FLOOR).bound(send()).await else {
                 if let Some(c) = claim {
                     c.doubt();
@@ -154,6 +156,7 @@ impl<'a> Op<'a> {
                         c.doubt();
                     }
                     let next = later(Instant::now(), delay);
+                    let window = Deadline::from(started, self.ctx.retry_window);
                     if window.before(next) || deadline.before(next) {
                         return Err(self.error(e));
                     }

@@ -57,8 +57,9 @@ struct MutexShared {
     base: LockBase,
     /// `[lock key, fencing counter, its floor, waiters]`: acquire and release.
     keys: Arc<[Arc<str>]>,
-    /// `[lock key, fencing counter, its floor]`: hand-over and status.
-    fence_keys: Arc<[Arc<str>]>,
+    /// `[lock key, fencing counter, its floor]`: hand-over and status (made at first
+    /// use: most handles never need it).
+    fence_keys: std::sync::OnceLock<Arc<[Arc<str>]>>,
     /// `[lock key]`: extend. (During a slot migration a script naming a key that does
     /// not exist is refused with TRYAGAIN: the calls that must keep working then —
     /// renewals — name only the key that exists while the lock is held.)
@@ -109,25 +110,27 @@ impl Mutex {
         let base = LockBase::new(ctx, Primitive::Mutex, name, &keys.key, options)?;
         let ttl_ms = keys::ttl_ms(name, options.ttl)?;
         let [counter, floor] = base.ctx.fence_keys.of(&keys);
+        let millis = &base.ctx.millis;
 
         Ok(Mutex {
             shared: Arc::new(MutexShared {
-                channel: keys.aux("wake").into(),
+                channel: keys.aux_shared("wake"),
                 local: base.ctx.locals.get(&base.key),
-                keys: Arc::new([
-                    base.key.clone(),
-                    counter.clone(),
-                    floor.clone(),
-                    keys.aux("q").into(),
-                ]),
-                fence_keys: Arc::new([base.key.clone(), counter, floor]),
+                keys: Arc::new([base.key.clone(), counter, floor, keys.aux_shared("q")]),
+                fence_keys: std::sync::OnceLock::new(),
                 lock_keys: Arc::new([base.key.clone()]),
-                ttl_arg: ttl_ms.to_string().into(),
-                claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
-                register_arg: register_life(options.ttl).as_millis().to_string().into(),
+                ttl_arg: millis.arg(ttl_ms),
+                claim_arg: millis.arg(grant_claim(options.ttl).as_millis() as u64),
+                register_arg: millis.arg(register_life(options.ttl).as_millis() as u64),
                 base,
             }),
         })
+    }
+
+    /// `[lock key, fencing counter, its floor]`.
+    fn fence_keys(&self) -> &Arc<[Arc<str>]> {
+        let s = &*self.shared;
+        s.fence_keys.get_or_init(|| Arc::from(&s.keys[..3]))
     }
 
     /// The lock's name (without the prefix).
@@ -271,7 +274,9 @@ impl Mutex {
             Free::Acquired(core) => return Ok(core),
             Free::Not(pending) => pending,
         };
-        let core = self.acquire_scripted(token, wait).await?;
+        // Boxed: the script's future is large, and a free lock never needs it — the
+        // future of every `lock()` would otherwise be sized (and moved) for it.
+        let core = Box::pin(self.acquire_scripted(token, wait)).await?;
         if let Some(claim) = pending {
             claim.disarm();
         }
@@ -297,16 +302,20 @@ impl Mutex {
             return Ok(Free::Not(None));
         }
         let (key, counter) = (&s.keys[0], &s.keys[1]);
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
+        // Sized up front, so that building the pipeline allocates once per command.
+        let mut set = redis::Cmd::with_capacity(6, key.len() + token.expose().len() + s.ttl_arg.len() + 16);
+        set.arg("SET")
             .arg(&**key)
             .arg(token.expose())
             .arg("NX")
             .arg("PX")
-            .arg(&*s.ttl_arg)
-            .cmd("INCR")
-            .arg(&**counter);
-        let claim = s.base.claim(self.release_call(token));
+            .arg(&*s.ttl_arg);
+        let mut incr = redis::Cmd::with_capacity(2, counter.len() + 4);
+        incr.arg("INCR").arg(&**counter);
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(set).add_command(incr);
+        let release = self.release_call(token);
+        let claim = s.base.claim(release.clone());
         claim.arm();
         let op = s.base.op("acquire");
         let conn = &*s.base.ctx.conn;
@@ -332,7 +341,7 @@ impl Mutex {
             Ok(v) => int(v).and_then(|f| u64::try_from(f).ok()),
             Err(e) => {
                 // A counter key of another type: give the lock back at once.
-                let _ = op.call(&self.release_call(token), deadline, None).await;
+                let _ = op.call(&release, deadline, None).await;
                 claim.disarm();
                 return Err(op.error(e.clone()));
             }
@@ -345,7 +354,7 @@ impl Mutex {
                     sent,
                     remaining: s.base.options.ttl,
                     renew: self.renew_call(token),
-                    release: self.release_call(token),
+                    release,
                 });
                 claim.disarm();
                 tracing::debug!(lock = %s.base.name, fence, "acquired");
@@ -414,7 +423,7 @@ impl Mutex {
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
-        self.release_call_leaving(token, "".into())
+        self.release_call_leaving(token, NO_REGISTRATION.clone())
     }
 
     /// The release call that also leaves `registration` (a waiter that gives up).
@@ -454,7 +463,8 @@ impl Mutex {
             turn,
             mutex: self.clone(),
         };
-        self.hand_over(core, popped).await
+        // Boxed for the same reason as the acquire script: most releases do not hand over.
+        Box::pin(self.hand_over(core, popped)).await
     }
 
     /// Moves the lock from `core`'s token to the picked local waiter in one script.
@@ -463,7 +473,7 @@ impl Mutex {
         let release = self.release_call(core.token());
         let (token, _) = core.take();
         let cmd = MUTEX_HANDOFF.evalsha(
-            &s.fence_keys,
+            self.fence_keys(),
             &[token.expose(), popped.token().expose(), &s.ttl_arg],
             None,
         );
@@ -540,7 +550,7 @@ impl Mutex {
     /// [`Error::WrongType`] when the key is not a lock, and Redis errors.
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
-        let cmd = MUTEX_STATUS.evalsha(&s.fence_keys, &[] as &[&str], None);
+        let cmd = MUTEX_STATUS.evalsha(self.fence_keys(), &[] as &[&str], None);
         let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
@@ -554,6 +564,10 @@ impl Mutex {
         })
     }
 }
+
+/// The registration argument of a release that leaves none (shared: an empty
+/// `Arc<str>` still allocates).
+static NO_REGISTRATION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
 /// `INCR` and still has to be started (see `mark.lua`).
