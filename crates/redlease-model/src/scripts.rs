@@ -73,7 +73,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0xcf3aef3206342678,
+        0x9cfcda6dc0862ab5,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(
@@ -83,12 +83,12 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_release.lua",
-        0x41685f9e031b3cdb,
+        0x5944c832255d1cd9,
         "server.rs: Server::release (Kind::Semaphore)"
     ),
     mirrored!(
         "sem_waiters.lua",
-        0x33e34157e60a06c5,
+        0xb00acd97f470695f,
         "server.rs: Server::sem_hand_out"
     ),
     mirrored!(

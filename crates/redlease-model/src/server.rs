@@ -203,7 +203,7 @@ impl Server {
         leave: bool,
     ) -> (Reply, Granted) {
         match (kind, lock) {
-            (Kind::Semaphore { limit }, _) => self.sem_acquire(rules, t, token, limit, leave),
+            (Kind::Semaphore { limit }, _) => self.sem_acquire(rules, t, token, limit),
             (Kind::Election, _) => (self.election_campaign(t, token), Vec::new()),
             (_, Lock::Name(n)) => (self.mutex_acquire(n, rules, t, token, leave), Vec::new()),
             (_, Lock::Multi) => unreachable!("a multi-lock acquires with multi_acquire.lua"),
@@ -314,14 +314,7 @@ impl Server {
 
     /// `sem_acquire.lua` for one permit of `limit`: taken if there is room, else the
     /// waiter registers (and learns the slot's fencing mark).
-    fn sem_acquire(
-        &mut self,
-        rules: &Rules,
-        t: &Timing,
-        token: Tok,
-        limit: u8,
-        leave: bool,
-    ) -> (Reply, Granted) {
+    fn sem_acquire(&mut self, rules: &Rules, t: &Timing, token: Tok, limit: u8) -> (Reply, Granted) {
         let used = self.permits.len();
         if used + 1 > usize::from(limit) {
             if let Some(&(_, deadline)) = self.permits.iter().find(|(p, _)| *p == token) {
@@ -348,9 +341,9 @@ impl Server {
         self.permits.retain(|(p, _)| *p != token);
         self.permits.push((token, t.ttl));
         self.permits.sort();
-        if leave {
-            self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
-        }
+        // Wait modes '1' and '2' both leave the registration: a retry whose first try
+        // registered (its reply lost) must not leave one behind for a release to serve.
+        self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
         let granted = self.sem_hand_out(t, limit);
         (
             Reply::Acquired {
@@ -376,8 +369,11 @@ impl Server {
         self.took(0, waiter);
         let mark = self.take_fence(0, waiter);
         self.names[0].waiters.remove(0);
+        // ZADD GT: a permit the waiter already holds keeps a later deadline.
+        let held = self.permits.iter().find(|(p, _)| *p == waiter).map(|&(_, d)| d);
         self.permits.retain(|(p, _)| *p != waiter);
-        self.permits.push((waiter, t.claim));
+        self.permits
+            .push((waiter, held.map_or(t.claim, |d| d.max(t.claim))));
         self.permits.sort();
         vec![(waiter, mark)]
     }

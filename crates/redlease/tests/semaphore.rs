@@ -562,3 +562,190 @@ async fn a_retried_acquire_reports_the_permits_it_already_took() {
     })
     .await;
 }
+
+async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+async fn deadline_left_ms(conn: &mut redis::aio::MultiplexedConnection, key: &str, member: &str) -> i64 {
+    let score: f64 = redis::cmd("ZSCORE")
+        .arg(key)
+        .arg(member)
+        .query_async(conn)
+        .await
+        .unwrap();
+    score as i64 - server_ms(conn).await
+}
+
+/// A waiter's first attempt registers but its reply is lost; the retry (the same
+/// request) finds a permit free and takes it. The registration must go with it: left
+/// behind, the next release handed permits to it and rewrote the holder's deadline to
+/// the 2 s claim window — the permit lapsed under a holder that believed it held for
+/// its 30 s lease, and others took it (three holders of a 2-permit semaphore).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_acquires_leaves_the_registration_its_lost_reply_made() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let mut conn = raw(&server).await;
+    let a = client(&server.url()).await;
+    let w = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_secs(5)).await;
+
+    let h1 = a.semaphore("s", 2).unwrap().acquire().await.unwrap();
+    // A second holder that crashed: its 400 ms permit is not renewed.
+    let short = a
+        .semaphore_with(
+            "s",
+            2,
+            LeaseOptions::new()
+                .ttl(Duration::from_millis(400))
+                .auto_renew(false),
+        )
+        .unwrap();
+    let _ = short.acquire().await.unwrap().forget();
+
+    // W's first attempt lands (busy: it registers) but its reply is held past the
+    // client's timeout; its retries land after the crashed holder's permit lapsed.
+    proxy.hold_replies();
+    let sem_w = w.semaphore("s", 2).unwrap();
+    let waiter = tokio::spawn(async move { sem_w.acquire().await });
+    eventually(2.0, "W registered", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:s}:waiters").await == 1 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    proxy.release_replies();
+    let permit_w = within(6.0, "W acquires", waiter)
+        .await
+        .unwrap()
+        .expect("W acquires");
+    assert_eq!(zcard(&mut conn, "redlease:s").await, 2, "h1 and W hold");
+    assert_eq!(
+        zcard(&mut conn, "{redlease:s}:waiters").await,
+        0,
+        "W's registration went when it acquired"
+    );
+    let member = format!("{}:1", permit_w.token().expose());
+    assert!(deadline_left_ms(&mut conn, "redlease:s", &member).await > 20_000);
+
+    h1.release().await.unwrap();
+    assert!(
+        deadline_left_ms(&mut conn, "redlease:s", &member).await > 20_000,
+        "a release leaves W's deadline alone"
+    );
+    // Past the claim window, one permit is free, not two.
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let sem_b = client(&server.url()).await.semaphore("s", 2).unwrap();
+    let b1 = sem_b.try_acquire().await.expect("the free permit");
+    let err = sem_b.try_acquire().await.unwrap_err();
+    assert!(err.is_contended(), "{err}");
+    assert!(permit_w.is_held());
+    b1.release().await.unwrap();
+    permit_w.release().await.unwrap();
+}
+
+/// After the limit changed, a waiter of the old limit that gives up frees no room
+/// beyond the limit in force: its release hands nothing out under its own, larger
+/// limit (it handed permits to the other waiters of the old limit: three holders
+/// under a limit of 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_one() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    // The old limit's client talks through a proxy that holds its requests while the
+    // limit changes (a waiter that polls must not take the lapsed permits first).
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let old = client(&proxy.url()).await;
+    let new = client(&server.url()).await;
+    // Start the fencing counter, so that busy replies carry a mark and a hand-over can
+    // be relied on without a round trip.
+    new.mutex("start")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // The old limit, 5: all five permits held.
+    let _ = old
+        .semaphore("s", 5)
+        .unwrap()
+        .acquire_many(5)
+        .await
+        .unwrap()
+        .forget();
+    let sem5 = old.semaphore("s", 5).unwrap();
+    let w5a = tokio::spawn({
+        let s = sem5.clone();
+        async move { s.acquire_timeout(Duration::from_millis(900)).await }
+    });
+    let w5b = tokio::spawn({
+        let s = sem5.clone();
+        async move { s.acquire().await }
+    });
+    let w5c = tokio::spawn({
+        let s = sem5.clone();
+        async move { s.acquire().await }
+    });
+    eventually(2.0, "three waiters of the old limit registered", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:s}:waiters").await == 3 }
+    })
+    .await;
+    proxy.hold_requests();
+    // The old holder crashed and its permits lapsed (their deadlines moved to the past:
+    // waiting out the lease would wake the waiters at the same moment).
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("redlease:s")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for m in &members {
+        let _: i64 = redis::cmd("ZADD")
+            .arg("redlease:s")
+            .arg("XX")
+            .arg(1)
+            .arg(m)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    // The new limit, 2, takes over: one permit held, the other taken by a holder that
+    // crashed at once (left unpruned).
+    let sem2 = new.semaphore("s", 2).unwrap();
+    let c2 = sem2.try_acquire().await.expect("the new limit takes over");
+    let short = new
+        .semaphore_with(
+            "s",
+            2,
+            LeaseOptions::new()
+                .ttl(Duration::from_millis(50))
+                .auto_renew(false),
+        )
+        .unwrap();
+    let _ = short
+        .try_acquire()
+        .await
+        .expect("the second permit of 2")
+        .forget();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    proxy.release_requests();
+
+    // w5a gives up; its release runs under limit 5.
+    let gave_up = within(5.0, "w5a times out", w5a).await.unwrap();
+    assert!(gave_up.unwrap_err().is_timeout());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = sem2.status().await.unwrap();
+    assert_eq!(status.limit, 2);
+    assert!(status.in_use <= 2, "{status:?}");
+    assert!(c2.is_held());
+    w5b.abort();
+    w5c.abort();
+    let _ = (w5b.await, w5c.await);
+    c2.release().await.unwrap();
+}

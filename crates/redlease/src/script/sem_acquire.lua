@@ -12,8 +12,9 @@
 --                    the number of permits wanted (1..limit) and the limit
 -- ARGV[2]  limit     the caller's permit limit
 -- ARGV[3]  ttl_ms    lease length
--- ARGV[4]  wait      '0': only try; '1': register when busy; '2': register when busy,
---                    and leave the registration of an earlier attempt when acquired
+-- ARGV[4]  wait      '0': only try; '1': register when busy; '2': register when busy
+--                    (an earlier attempt did); '1' and '2' leave the registration when
+--                    acquired
 -- ARGV[5]  register_ms  how long a registration lives without a new attempt
 -- ARGV[6]  prefix    the channels' prefix {<key>}:wake: (a client's is the prefix and
 --                    its id)
@@ -36,8 +37,8 @@
 -- Permits whose deadline passed (their holder stopped renewing) are pruned first, so a
 -- crashed holder's permits come back within their TTL (and what we do not take of them
 -- goes to registered waiters, as a release would hand it out). When no permit is held,
--- the caller's limit becomes the limit. Seven calls when permits are free; eight for a
--- waiter that registers.
+-- the caller's limit becomes the limit. Seven calls when permits are free (eight for a
+-- caller that would wait); eight for a waiter that registers.
 local reg = ARGV[1]
 local token = string.sub(reg, 33, 64)
 local count = tonumber(string.match(reg, '^(%d+)/', 65))
@@ -73,7 +74,11 @@ if used + count <= limit then
   else
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
-  if ARGV[4] == '2' then
+  if ARGV[4] ~= '0' then
+    -- Leave a registration this acquisition made: an earlier attempt's (flag '2'), or
+    -- this very request's when it is a retry whose first try registered and lost its
+    -- reply. Left behind, a release would hand permits to it — and rewrite the deadline
+    -- of the permits we hold to its short claim window.
     redis.call('ZREM', KEYS[3], reg)
   end
   return share_lapsed(count) or 1

@@ -23,8 +23,8 @@
 --           an expired lease is never reported as released)
 --
 -- The permits freed (ours and lapsed ones) go to registered waiters that fit (see
--- sem_waiters.lua); the limit is forgotten with the last permit. Five calls while
--- other permits are held and nobody waits; eleven for a hand-over of one permit.
+-- sem_waiters.lua); the limit is forgotten with the last permit. Six calls while
+-- other permits are held and nobody waits; twelve for a hand-over of one permit.
 local now = server_ms()
 local lapsed = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local removed = 0
@@ -47,6 +47,12 @@ end
 if removed + lapsed > 0 then
   local used = redis.call('ZCARD', KEYS[1])
   local limit = tonumber(ARGV[3])
+  -- Permits are handed out only under the limit in force: a caller of another limit
+  -- (a waiter of an old one giving up, a release by token) frees room but hands
+  -- nothing out — the waiters of the limit in force learn of it on their next attempt.
+  if used > 0 and used < limit and redis.call('GET', KEYS[2]) ~= ARGV[3] then
+    limit = used
+  end
   if used < limit then
     local free = hand_out(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[3], ARGV[4], ARGV[5],
       ARGV[6], limit - used, now)

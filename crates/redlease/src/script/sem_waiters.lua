@@ -16,14 +16,15 @@
 -- its permits up for at most the claim window.
 
 -- add_permits(permits, token, count, deadline): the acquisition's permits are
--- <token>:1 ..= <token>:count, each scored with its lease deadline (a string)
+-- <token>:1 ..= <token>:count, each scored with its lease deadline (a string). GT: a
+-- permit already held keeps a later deadline — never shortened under its holder.
 local function add_permits(permits, token, count, deadline)
   local args = {}
   for i = 1, count do
     args[2 * i - 1] = deadline
     args[2 * i] = token .. ':' .. i
   end
-  redis.call('ZADD', permits, unpack(args))
+  redis.call('ZADD', permits, 'GT', unpack(args))
 end
 
 -- hand_out(permits, limit, waiters, counter, floor, limit_arg, prefix, publish, claim_ms,
