@@ -33,7 +33,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "mutex_acquire.lua",
-        0x1015357b10d0fdfa,
+        0xf813b1f03396a5dc,
         "server.rs: Server::mutex_acquire, set_nx"
     ),
     mirrored!(

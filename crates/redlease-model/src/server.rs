@@ -189,10 +189,10 @@ impl Server {
         name.last_taker == Some(token) && name.take_floor.is_some_and(|floor| fence <= floor)
     }
 
-    /// Runs an acquire script for `token`, which locks `lock`; `leave`: wait mode '2'
-    /// (leave the registration of an earlier attempt when acquired), else '1'. With the
-    /// reply, the hand-overs it published (a semaphore's acquire hands on lapsed
-    /// permits).
+    /// Runs an acquire script for `token`, which locks `lock`. The wait mode ('2' once
+    /// an earlier attempt registered, else '1') no longer changes what the scripts do:
+    /// both leave the registration when acquired. With the reply, the hand-overs it
+    /// published (a semaphore's acquire hands on lapsed permits).
     pub fn acquire(
         &mut self,
         kind: Kind,
@@ -200,26 +200,25 @@ impl Server {
         rules: &Rules,
         t: &Timing,
         token: Tok,
-        leave: bool,
+        _leave: bool,
     ) -> (Reply, Granted) {
         match (kind, lock) {
             (Kind::Semaphore { limit }, _) => self.sem_acquire(rules, t, token, limit),
             (Kind::Election, _) => (self.election_campaign(t, token), Vec::new()),
-            (_, Lock::Name(n)) => (self.mutex_acquire(n, rules, t, token, leave), Vec::new()),
+            (_, Lock::Name(n)) => (self.mutex_acquire(n, rules, t, token), Vec::new()),
             (_, Lock::Multi) => unreachable!("a multi-lock acquires with multi_acquire.lua"),
         }
     }
 
     /// `mutex_acquire.lua` on name `n`, for a waiter (wait mode '1', or '2' once
     /// registered).
-    fn mutex_acquire(&mut self, n: usize, rules: &Rules, t: &Timing, token: Tok, leave: bool) -> Reply {
+    fn mutex_acquire(&mut self, n: usize, rules: &Rules, t: &Timing, token: Tok) -> Reply {
         // SET NX PX (the SET NX variant: SET NX, and the client's PEXPIRE follows).
         if self.set_nx(n, rules, t, token) {
             let fence = self.take_fence(n, token);
-            // wait '2': leave the registration of an earlier attempt.
-            if leave {
-                self.names[n].waiters.retain(|&w| w != Waiter::Take(token));
-            }
+            // Waits '1' and '2' leave the registration: an earlier attempt's, or this
+            // request's own when it is a retry whose first try registered.
+            self.names[n].waiters.retain(|&w| w != Waiter::Take(token));
             return Reply::Acquired {
                 fence: Some(fence),
                 pttl: None,
@@ -228,8 +227,13 @@ impl Server {
         let current = self.names[n].lock.expect("checked").token;
         let pttl = self.pttl(n);
         if current == token && rules.idempotent_retry {
-            // Ours already: a retry after a lost reply, or a lock handed to us.
+            // Ours already: a retry after a lost reply, or a lock handed to us — with a
+            // fresh token, and PEXPIRE … GT to the full lease.
             let fence = self.take_fence(n, token);
+            let pttl = pttl.map(|p| p.max(t.ttl));
+            if let Some(key) = &mut self.names[n].lock {
+                key.expires = pttl;
+            }
             return Reply::Acquired {
                 fence: Some(fence),
                 pttl: Some(pttl),

@@ -918,3 +918,65 @@ async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
         guard.release().await.unwrap();
     }
 }
+
+/// A lock handed to a waiter whose client was held up for most of the claim window:
+/// the waiter cannot rely on the hand-over and tries again, and the acquire script —
+/// finding the lock its own — gives it the full lease from that request on. (It
+/// answered with what was left of the claim, less than the drift margin: `lock()`
+/// returned a guard already lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_taken_late_in_its_claim_window_gives_a_full_lease() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let mut conn = raw(&server).await;
+    let a = client(&server.url()).await;
+    let w = client(&proxy.url()).await;
+    let ttl = Duration::from_secs(30);
+    let held = a
+        .mutex_with("late", LeaseOptions::new().ttl(ttl))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let mutex_w = w.mutex_with("late", LeaseOptions::new().ttl(ttl)).unwrap();
+    let waiter = tokio::spawn(async move { mutex_w.lock().await });
+    eventually(2.0, "W registered", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg("{redlease:late}:q")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 1
+        }
+    })
+    .await;
+    // W's client hears nothing for most of the 2 s claim window of the hand-over.
+    proxy.hold_replies();
+    held.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1750)).await;
+    let left: i64 = redis::cmd("PTTL")
+        .arg("redlease:late")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    proxy.release_replies();
+    let guard = within(5.0, "W's lock returns", waiter).await.unwrap().unwrap();
+    assert!(
+        guard.is_held(),
+        "W holds (the hand-over had {left} ms left): {:?}",
+        guard.lease().lost_reason()
+    );
+    assert!(
+        guard.valid_until() > Instant::now() + Duration::from_secs(20),
+        "the full lease"
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("redlease:late")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 25_000, "extended on the server: {pttl} ms");
+    guard.release().await.unwrap();
+}

@@ -20,7 +20,8 @@
 -- Reply: fence                acquired now, for the full ttl_ms (our entry, if any, left
 --                             the queue in the same step)
 --        {1, fence, pttl}     already ours — a retry after a lost reply, or a lock handed
---                             to us — with a fresh fencing token and what is left
+--                             to us — with a fresh fencing token, its TTL extended to at
+--                             least ttl_ms, and what is left
 --        {0, pttl, position, joined, mark, foreign}
 --                             busy. position: our place in the queue (0: next), -1 when
 --                             not queued (try). pttl: the holder's remaining lease when
@@ -48,6 +49,9 @@ if current == token then
   if type(fence) == 'table' then
     return fence
   end
+  -- The full lease from this request on (PEXPIRE GT never shortens): a lock handed to
+  -- us near the end of its claim window is then still ours to use when the reply comes.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
   return {1, fence, redis.call('PTTL', KEYS[1])}
 end
 local now = nil

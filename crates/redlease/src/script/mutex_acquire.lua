@@ -12,13 +12,15 @@
 -- ARGV[2]  ttl_ms        lease length in milliseconds
 -- ARGV[3]  id            the waiter's public id (16 hex digits) and kind: ' ' a waiter
 --                        a release may hand the lock to, '!' one it may only wake
--- ARGV[4]  wait          '0': only try; '1': register when busy; '2': register when busy,
---                        and leave the registration of an earlier attempt when acquired
+-- ARGV[4]  wait          '0': only try; '1': register when busy; '2': register when busy
+--                        (an earlier attempt did); '1' and '2' leave the registration
+--                        when acquired
 -- ARGV[5]  register_ms   how long a registration lives without a new attempt
 --
 -- Reply: fence             (an integer) acquired now, for the full ttl_ms
 --        {1, fence, pttl}  already ours — a retry after a lost reply, or a lock a release
---                          handed us — with a fresh fencing token and what is left
+--                          handed us — with a fresh fencing token, its TTL extended to
+--                          at least ttl_ms, and what is left
 --        {0, pttl}         held by someone else; pttl is its remaining TTL (-1: none)
 --        {0, pttl, mark, foreign}
 --                          the same for a registering waiter, pttl at most half the
@@ -38,7 +40,10 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('DEL', KEYS[1])
     return fence
   end
-  if ARGV[4] == '2' then
+  if ARGV[4] ~= '0' then
+    -- Leave a registration this acquisition made: an earlier attempt's (flag '2'), or
+    -- this very request's when it is a retry whose first try registered and lost its
+    -- reply (left behind, our own release would hand the lock to it).
     redis.call('ZREM', KEYS[4], ARGV[3] .. ARGV[1])
   end
   return fence
@@ -51,6 +56,11 @@ if current == ARGV[1] then
   local fence = take_fence(KEYS[2], KEYS[3])
   if type(fence) == 'table' then
     return fence
+  end
+  -- The full lease from this request on (PEXPIRE GT never shortens): a lock handed to
+  -- us near the end of its claim window is then still ours to use when the reply comes.
+  if redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT') == 1 then
+    pttl = tonumber(ARGV[2])
   end
   return {1, fence, pttl}
 end
