@@ -353,6 +353,13 @@ async fn keys_gone_on_a_majority_fire_lost_gone() {
     let ttl = Duration::from_millis(900);
     let mutex = a.mutex_with("job", LeaseOptions::new().ttl(ttl)).unwrap();
     let guard = mutex.lock().await.unwrap();
+    // The lock returns at a majority; the last master's SET may still be on its way
+    // (deleting the key before it lands would leave a majority holding).
+    let token = guard.token().expose().to_owned();
+    eventually(2.0, "every master holds the lock", || async {
+        values(&servers, KEY).await == vec![Some(token.clone()); 3]
+    })
+    .await;
     // One master losing it is tolerated.
     let _: () = redis::cmd("DEL")
         .arg(KEY)
