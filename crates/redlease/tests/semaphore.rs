@@ -749,3 +749,151 @@ async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_o
     let _ = (w5b.await, w5c.await);
     c2.release().await.unwrap();
 }
+
+async fn commands_processed(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(conn).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("total_commands_processed")
+}
+
+/// Tasks of one client queue in the client behind the one that waits in Redis, and a
+/// permit released by a task of the client goes to the first of them without a
+/// request: the same permit (token) and lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_goes_to_a_task_of_the_same_client_without_a_request() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c.semaphore("local", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let token = held.token().expose().to_owned();
+    // B waits in Redis (it registers); C queues behind it in the client.
+    let b = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    eventually(2.0, "B registered", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:local}:waiters").await == 1 }
+    })
+    .await;
+    // B's client reads the busy reply just after Redis registered it (nothing outside
+    // the client can see that moment): give it time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let c_task = tokio::spawn({
+        let sem = sem.clone();
+        async move {
+            let _ = tx.send(());
+            sem.acquire().await
+        }
+    });
+    rx.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(sem.status().await.unwrap().waiters, 1, "C did not register");
+    let before = commands_processed(&mut conn).await;
+    held.release().await.unwrap();
+    let handed = within(2.0, "C gets the permit", c_task).await.unwrap().unwrap();
+    let after = commands_processed(&mut conn).await;
+    assert_eq!(handed.token().expose(), token, "the same permit");
+    assert!(handed.is_held());
+    // Only the INFO call itself.
+    assert_eq!(after - before, 1, "handed over without a request");
+    assert!(!b.is_finished(), "B still waits in Redis");
+    // Dropping a permit hands it on too; with nobody queued, it goes back through
+    // Redis, to B.
+    drop(handed);
+    let got = within(5.0, "B gets it through Redis", b).await.unwrap().unwrap();
+    assert_ne!(got.token().expose(), token);
+    got.release().await.unwrap();
+    assert_eq!(zcard(&mut conn, "redlease:local").await, 0);
+}
+
+/// Local hand-overs are bounded: a waiter in another process gets a permit while the
+/// tasks of a busy client keep handing it to each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_hand_overs_leave_other_processes_their_turn() {
+    let server = server();
+    let busy = client(&server.url()).await;
+    let other = client(&server.url()).await;
+    let acquisitions = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let sem = busy.semaphore("shared", 1).unwrap();
+        let (acquisitions, stop) = (acquisitions.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let permit = sem.acquire().await.unwrap();
+                acquisitions.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                permit.release().await.unwrap();
+            }
+        }));
+    }
+    eventually(5.0, "the busy client is going", || async {
+        acquisitions.load(Ordering::SeqCst) > 20
+    })
+    .await;
+    let at = acquisitions.load(Ordering::SeqCst);
+    let permit = within(
+        10.0,
+        "the other process gets a permit",
+        other.semaphore("shared", 1).unwrap().acquire(),
+    )
+    .await
+    .unwrap();
+    let waited_for = acquisitions.load(Ordering::SeqCst) - at;
+    stop.store(true, Ordering::SeqCst);
+    permit.release().await.unwrap();
+    within(10.0, "the busy client's tasks stop", async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await;
+    // At most one budget of local hand-overs (16) and the Redis round that follows, per
+    // permit the other waiter could have been given.
+    assert!(
+        waited_for <= 40,
+        "the other process waited for {waited_for} acquisitions"
+    );
+}
+
+/// A task queued in the client that gives up leaves the queue; the permit goes to the
+/// next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locally_queued_task_that_gives_up_leaves_the_queue() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c.semaphore("queue", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    eventually(2.0, "one task registered", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:queue}:waiters").await == 1 }
+    })
+    .await;
+    // Its client reads the busy reply just after Redis registered it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let err = sem.acquire_timeout(Duration::from_millis(200)).await.unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let next = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    let got = within(2.0, "the next queued task", next).await.unwrap().unwrap();
+    got.release().await.unwrap();
+    let got = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
+    got.release().await.unwrap();
+    assert_eq!(zcard(&mut conn, "redlease:queue").await, 0);
+    assert_eq!(zcard(&mut conn, "{redlease:queue}:waiters").await, 0);
+}
