@@ -865,3 +865,67 @@ async fn a_waiter_whose_entry_vanished_rejoins_at_the_back_and_stays() {
     assert_eq!(*order.lock().unwrap(), ["second", "first"]);
     let _ = &mut conn;
 }
+
+/// Redis holds back writes (`CLIENT PAUSE … WRITE`) for longer than the waiter TTL
+/// while pub/sub keeps working, so the waiters' heartbeats cannot refresh their places
+/// in time: after the pause the holder's release still reaches both queued waiters
+/// promptly — not after the lock's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_the_lock_promptly_after_writes_were_paused_past_their_waiter_ttl() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let waiter_ttl = Duration::from_millis(800);
+    let holder_client = client(&server.url()).await;
+    let holder = holder_client
+        .fair_mutex("paused")
+        .unwrap()
+        .with_waiter_ttl(waiter_ttl)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let waiter_client = client(&server.url()).await;
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let mutex = waiter_client
+            .fair_mutex("paused")
+            .unwrap()
+            .with_waiter_ttl(waiter_ttl)
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let guard = mutex.lock().await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }));
+    }
+    eventually(2.0, "both waiters queued", || {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg("{redlease:paused}:queue")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 2
+        }
+    })
+    .await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    within(5.0, "both waiters get the lock after the release", async {
+        for t in tasks {
+            let at = t.await.unwrap();
+            assert!(at >= released);
+        }
+    })
+    .await;
+}
