@@ -11,7 +11,7 @@ use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
-use crate::engine::metrics::{AcquireCall, Handover, Primitive, handed_over};
+use crate::engine::metrics::{Handover, Primitive, handed_over};
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
@@ -292,14 +292,7 @@ impl Semaphore {
         Ok(())
     }
 
-    /// Counted in the metrics as one call, whether the permits came from Redis or from
-    /// a task of this client.
     async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Permit> {
-        let call = AcquireCall::start(Primitive::Semaphore);
-        call.finish(self.acquire_uncounted(n, wait).await)
-    }
-
-    async fn acquire_uncounted(&self, n: u32, wait: Wait) -> Result<Permit> {
         self.check_count(n)?;
         let s = &*self.shared;
         let ctx = &s.base.ctx;
@@ -377,7 +370,7 @@ impl Semaphore {
         let ttl = s.base.options.ttl;
         let core = s
             .base
-            .acquire_step(spec, |reply, _| {
+            .acquire(spec, |reply, _| {
                 if let Some(acquired) = Reply::acquired(reply, ttl, false) {
                     return Ok(acquired);
                 }
