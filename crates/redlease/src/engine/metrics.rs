@@ -133,8 +133,7 @@ impl Primitive {
 /// How a lock was handed from its holder straight to a waiter.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Handover {
-    /// To a task of the same client: the plain mutex's local queue (in one script) or
-    /// the semaphore's (with no request).
+    /// To a task of the same client, in one script (the plain mutex's local queue).
     Local,
     /// By a release, to a waiter of another client that had registered for it.
     Grant,

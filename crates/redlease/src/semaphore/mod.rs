@@ -1,24 +1,21 @@
 //! The semaphore: N permits per name, each a lease that expires when its holder stops
 //! renewing it.
 
-mod local;
-
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
 use crate::engine::context::Context;
 use crate::engine::deadline::Wait;
 use crate::engine::guard::{GuardCore, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
-use crate::engine::metrics::{Handover, Primitive, handed_over};
+use crate::engine::metrics::Primitive;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
 use crate::script::reply::{array, int, ms, opt_string};
 use crate::script::{SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_STATUS, ScriptCall};
 use crate::token::Token;
-use local::{Entry, Handed, LocalSemaphore};
 
 /// The largest permit limit a semaphore accepts.
 pub const MAX_PERMITS: u32 = 1_000_000;
@@ -43,12 +40,6 @@ pub const MAX_PERMITS_PER_ACQUIRE: u32 = 1024;
 /// holds its permits when the message arrives, without a request of its own. Nobody
 /// polls: a waiter also looks again when the earliest held permit would lapse (its
 /// holder may have died), and at least every half of its registration's life.
-///
-/// Tasks of one client that wait for permits of one semaphore do not all register: one
-/// waits in Redis, the others queue in the client, and a permit released by a task of
-/// the client goes straight to the first of them (the same lease, renewed by the same
-/// client, without a request) — up to 16 times in a row, then it goes back through
-/// Redis so that other processes get their turn.
 ///
 /// # The limit
 ///
@@ -108,8 +99,6 @@ struct SemShared {
     register_arg: Arc<str>,
     limit: u32,
     limit_arg: Arc<str>,
-    /// This client's tasks waiting for these permits.
-    local: Arc<LocalSemaphore>,
 }
 
 /// What [`Semaphore::status`] reports. Never contains a token.
@@ -160,7 +149,6 @@ impl Semaphore {
                 ttl_arg: ttl_ms.to_string().into(),
                 claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
                 register_arg: register_life(options.ttl).as_millis().to_string().into(),
-                local: base.ctx.locals.get(&format!("{}\0semaphore", base.key).into()),
                 base,
                 limit,
                 limit_arg: limit.to_string().into(),
@@ -296,31 +284,6 @@ impl Semaphore {
         self.check_count(n)?;
         let s = &*self.shared;
         let ctx = &s.base.ctx;
-        let waits = wait.waits();
-        // Behind a task of this client that waits in Redis, wait in the client.
-        let in_redis = if waits {
-            let start = Instant::now();
-            match s.local.enter(n, s.limit, s.base.options.ttl) {
-                Entry::Redis(in_redis) => Some(in_redis),
-                Entry::Queued(queued) => match s.local.wait(queued, wait.deadline()).await {
-                    Some(Handed::Permits(core)) => {
-                        handed_over(Primitive::Semaphore, Handover::Local);
-                        tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
-                        return Ok(self.permit(*core, n));
-                    }
-                    Some(Handed::Turn(turn)) => Some(turn.into_redis()),
-                    None => {
-                        return Err(Error::Timeout {
-                            name: s.base.name.to_string(),
-                            waited: start.elapsed(),
-                        });
-                    }
-                },
-            }
-        } else {
-            None
-        };
-        let in_redis = &in_redis;
         let token = Token::generate();
         let count: Arc<str> = n.to_string().into();
         // The waiter's public id starts with its client's: releases find the client's
@@ -343,6 +306,7 @@ impl Semaphore {
                 None,
             )
         };
+        let waits = wait.waits();
         let cmd = attempt(if waits { "1" } else { "0" });
         // After a busy answer left a registration, an attempt that acquires leaves it.
         let cmd_registered = attempt("2");
@@ -375,21 +339,16 @@ impl Semaphore {
                     return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, remaining, _free, mark] if int(flag) == Some(0) => {
-                        if let Some(in_redis) = in_redis {
-                            in_redis.found_busy();
-                        }
-                        Ok(Reply::Busy {
-                            busy: Busy {
-                                remaining: ms(int(remaining)),
-                                pass_on: false,
-                                mark: int(mark).and_then(|m| u64::try_from(m).ok()),
-                                foreign: false,
-                            },
-                            // A waiter left a registration behind: undo removes it.
-                            queued: waits,
-                        })
-                    }
+                    [flag, remaining, _free, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
+                        busy: Busy {
+                            remaining: ms(int(remaining)),
+                            pass_on: false,
+                            mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                            foreign: false,
+                        },
+                        // A waiter left a registration behind: undo removes it.
+                        queued: waits,
+                    }),
                     [flag, existing] if int(flag) == Some(-1) => Err(Error::LimitMismatch {
                         name: s.base.name.to_string(),
                         limit: s.limit,
@@ -400,15 +359,11 @@ impl Semaphore {
             })
             .await?;
         tracing::debug!(semaphore = %s.base.name, permits = n, "permits acquired");
-        Ok(self.permit(core, n))
-    }
-
-    fn permit(&self, core: GuardCore, permits: u32) -> Permit {
-        Permit {
-            core: Some(core),
+        Ok(Permit {
+            core,
             semaphore: self.clone(),
-            permits,
-        }
+            permits: n,
+        })
     }
 
     /// The release of the `count` permits of `token` (`"0"`: every permit of the
@@ -492,15 +447,14 @@ impl Semaphore {
 ///
 /// # Drop
 ///
-/// Dropping the permit without [`release`](Permit::release) hands it to a task of this
-/// client that waits for as many permits, or stops renewal and gives the permits back
-/// in the background when a tokio runtime is running (handing them to waiters);
+/// Dropping the permit without [`release`](Permit::release) stops renewal and gives the
+/// permits back in the background when a tokio runtime is running (handing them to
+/// waiters);
 /// otherwise they lapse after their TTL.
 #[must_use = "dropping the permit releases it"]
 #[derive(Debug)]
 pub struct Permit {
-    /// Taken out only by `release`, `forget` and `drop`.
-    core: Option<GuardCore>,
+    core: GuardCore,
     semaphore: Semaphore,
     permits: u32,
 }
@@ -509,19 +463,7 @@ guard_surface!(Permit, "these permits belong to", fence: |_g| None);
 
 impl Permit {
     fn core(&self) -> &GuardCore {
-        self.core.as_ref().expect("a permit's core until it is consumed")
-    }
-
-    /// Hands the permits to a task of this client that waits for them, or gives back
-    /// the core to be released.
-    fn hand_over(&mut self) -> Option<GuardCore> {
-        let core = self.core.take()?;
-        let s = &self.semaphore.shared;
-        let kept = s.local.hand_over(core, self.permits, s.limit, s.base.options.ttl);
-        if kept.is_none() {
-            tracing::debug!(semaphore = %s.base.name, permits = self.permits, "permits handed to a local waiter");
-        }
-        kept
+        &self.core
     }
 
     /// The semaphore these permits belong to.
@@ -534,8 +476,7 @@ impl Permit {
         self.permits
     }
 
-    /// Gives the permits back, handing them to waiters: to a task of this client that
-    /// waits for as many (without a request), else through Redis.
+    /// Gives the permits back, handing them to waiters.
     ///
     /// # Cancel safety
     ///
@@ -546,27 +487,14 @@ impl Permit {
     ///
     /// [`Error::NotHeld`] when the permits had already lapsed — someone else may have
     /// held them meanwhile; Redis errors.
-    pub async fn release(mut self) -> Result<()> {
-        match self.hand_over() {
-            Some(core) => core.release().await,
-            None => Ok(()),
-        }
+    pub async fn release(self) -> Result<()> {
+        self.core.release().await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the permits stay held
     /// until their lease lapses or someone calls [`Semaphore::release_token`] with the
     /// returned token.
-    pub fn forget(mut self) -> Token {
-        self.core
-            .take()
-            .expect("a permit's core until it is consumed")
-            .forget()
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        // Not handed over: the core's own drop releases it in the background.
-        drop(self.hand_over());
+    pub fn forget(self) -> Token {
+        self.core.forget()
     }
 }
