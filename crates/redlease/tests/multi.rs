@@ -944,13 +944,7 @@ async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
     let mut conn = raw(&server).await;
     for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
         let key = format!("redlease:{name}");
-        let mut set = redis::cmd("SET");
-        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
-        if let Some(ms) = ttl {
-            set.arg("PX").arg(ms);
-        }
-        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
-        assert_eq!(taken.as_deref(), Some("OK"));
+        take_as_foreign(&mut conn, &key, ttl).await;
         let waiter = tokio::spawn({
             let multi = client.multi_lock(["beside", name]).unwrap();
             async move {

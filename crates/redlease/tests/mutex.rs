@@ -887,13 +887,7 @@ async fn a_waiter_gets_in_soon_after_a_foreign_holder_lets_go() {
     let mut conn = raw(&server).await;
     for (name, ttl) in [("foreign-px", Some(10_000)), ("foreign-no-ttl", None)] {
         let key = format!("redlease:{name}");
-        let mut set = redis::cmd("SET");
-        set.arg(&key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
-        if let Some(ms) = ttl {
-            set.arg("PX").arg(ms);
-        }
-        let taken: Option<String> = set.query_async(&mut conn).await.unwrap();
-        assert_eq!(taken.as_deref(), Some("OK"));
+        take_as_foreign(&mut conn, &key, ttl).await;
         let waiter = tokio::spawn({
             let mutex = client.mutex(name).unwrap();
             async move {
@@ -940,18 +934,7 @@ async fn a_hand_over_taken_late_in_its_claim_window_gives_a_full_lease() {
         .unwrap();
     let mutex_w = w.mutex_with("late", LeaseOptions::new().ttl(ttl)).unwrap();
     let waiter = tokio::spawn(async move { mutex_w.lock().await });
-    eventually(2.0, "W registered", || {
-        let mut conn = conn.clone();
-        async move {
-            let n: u64 = redis::cmd("ZCARD")
-                .arg("{redlease:late}:q")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            n == 1
-        }
-    })
-    .await;
+    until_registered(&conn, "redlease:late", 1).await;
     // W's client hears nothing for most of the 2 s claim window of the hand-over.
     proxy.hold_replies();
     held.release().await.unwrap();

@@ -122,6 +122,18 @@ pub fn assert_mark(mark: Option<redlease::FencingToken>, fence: redlease::Fencin
     );
 }
 
+/// Takes `key` as another library's lock would: `SET key <value> NX`, with `PX ttl_ms`
+/// when given (`None`: a key without a TTL).
+pub async fn take_as_foreign(conn: &mut redis::aio::MultiplexedConnection, key: &str, ttl_ms: Option<u64>) {
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg("0f1e2d3c4b5a69788796a5b4c3d2e1f0").arg("NX");
+    if let Some(ms) = ttl_ms {
+        set.arg("PX").arg(ms);
+    }
+    let taken: Option<String> = set.query_async(conn).await.unwrap();
+    assert_eq!(taken.as_deref(), Some("OK"), "{key} taken");
+}
+
 /// Waits (at most 5 s) until `n` waiters are registered on the plain mutex whose key is
 /// `key` (its `{<key>}:q` set).
 pub async fn until_registered(conn: &redis::aio::MultiplexedConnection, key: &str, n: i64) {
