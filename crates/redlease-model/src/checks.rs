@@ -124,6 +124,21 @@ pub fn semaphore() -> Check {
     }
 }
 
+/// The semaphore's local hand-over: one permit; client `A` acquires twice — its second
+/// acquisition is the task of the same client that the first holder's permit is handed
+/// to (`sem_handoff.lua`) — against client `B`; a request may time out and be retried.
+pub fn semaphore_local() -> Check {
+    Check {
+        name: "semaphore-local",
+        about: "one permit, a local hand-over racing another client, a retried request",
+        kind: Kind::Semaphore { limit: 1 },
+        bounds: Bounds {
+            timeouts: 1,
+            ..Bounds::acquisitions(&[2, 1])
+        },
+    }
+}
+
 /// The multi-lock over `x` and `y` (client `A`, two attempts: each takes a fresh token)
 /// beside a plain mutex of `x` (client `B`, one acquisition): the plain holder keeps the
 /// multi-lock out and the other way round, a release hands `x` to a plain waiter or wakes
@@ -152,6 +167,7 @@ pub fn ci() -> Vec<Check> {
         mutex_counter(),
         election(),
         semaphore(),
+        semaphore_local(),
         multi(),
     ]
 }

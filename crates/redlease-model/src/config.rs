@@ -32,7 +32,8 @@ pub enum Kind {
     /// The plain mutex (`mutex/`, `mutex_*.lua`): fencing tokens, waiters registered for
     /// a hand-over by the release, the local hand-over (`mutex_handoff.lua`).
     Mutex,
-    /// The semaphore (`semaphore.rs`, `sem_*.lua`) with `limit` permits, one per holder.
+    /// The semaphore (`semaphore/`, `sem_*.lua`) with `limit` permits, one per holder;
+    /// the local hand-over (`sem_handoff.lua`).
     Semaphore { limit: u8 },
     /// Leader election (`election/`, `election_*.lua`): the leader's term is its fencing
     /// token.

@@ -296,7 +296,7 @@ impl Model for LockModel {
                     }
                     actions.push(Action::Release(c));
                     actions.push(Action::Drop(c));
-                    if self.kind == Kind::Mutex && client.left > 0 {
+                    if matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. }) && client.left > 0 {
                         actions.push(Action::HandOver(c));
                     }
                 }
@@ -401,7 +401,10 @@ impl Model for LockModel {
                     Seen::GRANT_STALE,
                 ));
             }
-            if self.kind == Kind::Mutex {
+            // A local hand-over needs a client with a second acquisition.
+            if matches!(self.kind, Kind::Mutex | Kind::Semaphore { .. })
+                && self.bounds.acquisitions.iter().any(|&n| n > 1)
+            {
                 ps.push(seen("a local hand-over", Seen::LOCAL_HANDOVER));
             }
             if self.kind == Kind::Multi {

@@ -65,7 +65,8 @@ pub enum Req {
     /// `mutex_release.lua`, `sem_release.lua`, `election_resign.lua`. `leaving`: also
     /// leave this acquisition's waiter registration (the undo of a waiter that gives up).
     Release { token: Tok, leaving: bool },
-    /// `mutex_handoff.lua`: from the local holder's token to a local waiter's.
+    /// `mutex_handoff.lua` or `sem_handoff.lua`: from the local holder's token to a
+    /// local waiter's.
     HandOff { old: Tok, new: Tok },
     /// `multi_acquire.lua` for an attempt's token, with the acquisition's registration
     /// `<id>!` (named by `reg`). (A multi-lock's extend and release are `Extend` and

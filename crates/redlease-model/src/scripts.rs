@@ -52,6 +52,11 @@ pub const MIRRORED: &[Mirrored] = &[
         "server.rs: Server::handoff"
     ),
     mirrored!(
+        "sem_handoff.lua",
+        0xd2995cc7e57951f3,
+        "server.rs: Server::sem_handoff"
+    ),
+    mirrored!(
         "multi_acquire.lua",
         0x548d62f48f9a4afa,
         "server.rs: Server::multi_acquire"

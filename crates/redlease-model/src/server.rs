@@ -575,8 +575,12 @@ impl Server {
         }
     }
 
-    /// `mutex_handoff.lua`: from `old` to `new` in one step, with a fresh fencing token.
-    pub fn handoff(&mut self, t: &Timing, old: Tok, new: Tok) -> Reply {
+    /// The local hand-over, from `old` to `new` in one step: `mutex_handoff.lua` with a
+    /// fresh fencing token, `sem_handoff.lua` with a fresh lease.
+    pub fn handoff(&mut self, kind: Kind, t: &Timing, old: Tok, new: Tok) -> Reply {
+        if let Kind::Semaphore { .. } = kind {
+            return self.sem_handoff(t, old, new);
+        }
         let current = self.lock().map(|k| k.token);
         if current == Some(new) {
             let fence = self.take_fence(0, new);
@@ -597,6 +601,28 @@ impl Server {
         });
         Reply::Acquired {
             fence: Some(fence),
+            pttl: None,
+        }
+    }
+
+    /// `sem_handoff.lua`: `old`'s permit becomes `new`'s, with a lease of the TTL from
+    /// now; "already handed" (a retry) with what is left; `0` when `old` holds none
+    /// (released, or lapsed and pruned).
+    fn sem_handoff(&mut self, t: &Timing, old: Tok, new: Tok) -> Reply {
+        if let Some(&(_, deadline)) = self.permits.iter().find(|(p, _)| *p == new) {
+            return Reply::Acquired {
+                fence: None,
+                pttl: Some(Some(deadline)),
+            };
+        }
+        if !self.permits.iter().any(|(p, _)| *p == old) {
+            return Reply::Int(0);
+        }
+        self.permits.retain(|(p, _)| *p != old);
+        self.permits.push((new, t.ttl));
+        self.permits.sort();
+        Reply::Acquired {
+            fence: None,
             pttl: None,
         }
     }

@@ -17,13 +17,7 @@ impl LockModel {
                 let ci = usize::from(c);
                 let token = s.clients[ci].fresh_token(c);
                 s.clients[ci].phase = Phase::Acquiring(Acquiring::new(token));
-                // The plain mutex tries a free lock without a script first.
-                let first = if self.kind.plain_mutex(c) {
-                    Attempt::Pipeline
-                } else {
-                    Attempt::Script
-                };
-                self.send_attempt(s, ci, first);
+                self.send_attempt(s, ci, self.first_attempt(c));
             }
             Action::Attempt(c) => {
                 let ci = usize::from(c);
@@ -242,6 +236,16 @@ impl LockModel {
     }
 
     /// An acquire attempt of client `c`'s acquisition.
+    /// The first attempt of an acquisition: the plain mutex tries a free lock without a
+    /// script first.
+    fn first_attempt(&self, c: u8) -> Attempt {
+        if self.kind.plain_mutex(c) {
+            Attempt::Pipeline
+        } else {
+            Attempt::Script
+        }
+    }
+
     fn send_attempt(&self, s: &mut State, c: usize, attempt: Attempt) {
         if let Phase::Acquiring(a) = &mut s.clients[c].phase {
             a.attempt = Some(attempt);
@@ -300,7 +304,7 @@ impl LockModel {
                 };
                 server.multi_release(t, fresh, Some(reg))
             }
-            Req::HandOff { old, new } => (server.handoff(t, old, new), Vec::new()),
+            Req::HandOff { old, new } => (server.handoff(kind, t, old, new), Vec::new()),
             Req::Get { .. } => (server.get(), Vec::new()),
             Req::ReleaseUnchecked { .. } => server.release_unchecked(t),
             Req::Expire { .. } => {
@@ -506,7 +510,7 @@ impl LockModel {
                     // Our lease was already gone: the waiter gets the turn and
                     // competes in Redis with its own token.
                     s.clients[c].phase = Phase::Acquiring(Acquiring::new(new));
-                    self.send_attempt(s, c, Attempt::Pipeline);
+                    self.send_attempt(s, c, self.first_attempt(c as u8));
                 }
             },
             _ => unreachable!("only awaited replies are in flight"),
@@ -651,7 +655,7 @@ impl LockModel {
                     },
                 );
                 s.clients[c].phase = Phase::Acquiring(Acquiring::new(new));
-                self.send_attempt(s, c, Attempt::Pipeline);
+                self.send_attempt(s, c, self.first_attempt(c as u8));
             }
             _ => unreachable!("only pending slots time out"),
         }

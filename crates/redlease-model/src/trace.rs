@@ -167,7 +167,7 @@ fn script(model: &LockModel, req: &Req) -> String {
             name("mutex_release.lua", "sem_release.lua", "election_resign.lua"),
             if leaving { ", leaving its registration" } else { "" }
         ),
-        Req::HandOff { old, new } => format!("mutex_handoff.lua({old} -> {new})"),
+        Req::HandOff { old, new } => format!("the local hand-over script({old} -> {new})"),
         Req::Get { .. } => "GET key".to_string(),
         Req::ReleaseUnchecked { .. } => "the release's delete (no compare)".to_string(),
         Req::Expire { .. } => "PEXPIRE key".to_string(),

@@ -64,6 +64,11 @@ fn semaphore() {
 }
 
 #[test]
+fn semaphore_with_a_local_hand_over() {
+    holds(checks::semaphore_local(), 3_000_000);
+}
+
+#[test]
 fn multi_lock_beside_a_plain_mutex_of_one_of_its_names() {
     holds(checks::multi(), 1_000_000);
 }

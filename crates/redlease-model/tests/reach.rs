@@ -53,6 +53,19 @@ fn semaphore_reaches_a_lost_lease_and_a_hand_over_tried_again() {
 }
 
 #[test]
+fn semaphore_with_a_local_hand_over_reaches_it_a_stale_grant_and_its_own_token() {
+    reaches(
+        checks::semaphore_local(),
+        &[
+            "a hand-over not known to be current is not relied on",
+            "a lease is lost",
+            "a local hand-over",
+            "an acquire finds its own token",
+        ],
+    );
+}
+
+#[test]
 fn multi_lock_reaches_hand_overs_wake_ups_and_a_give_back() {
     reaches(
         checks::multi(),

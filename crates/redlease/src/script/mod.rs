@@ -194,6 +194,7 @@ script!(SEM_ACQUIRE, "sem_acquire", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_EXTEND, "sem_extend", [EXPIRY]);
 script!(SEM_RELEASE, "sem_release", [MARK, EXPIRY, SEM_WAITERS]);
 script!(SEM_STATUS, "sem_status", [EXPIRY]);
+script!(SEM_HANDOFF, "sem_handoff", [MARK, EXPIRY, SEM_WAITERS]);
 
 script!(LIST_LOCK, "list_lock", [OWNER]);
 
@@ -239,6 +240,7 @@ pub(crate) fn all() -> Vec<&'static LuaScript> {
         &SEM_EXTEND,
         &SEM_RELEASE,
         &SEM_STATUS,
+        &SEM_HANDOFF,
         &LIST_LOCK,
         &REDLOCK_ACQUIRE,
         &REDLOCK_RELEASE,
