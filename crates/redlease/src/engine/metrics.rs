@@ -133,7 +133,8 @@ impl Primitive {
 /// How a lock was handed from its holder straight to a waiter.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Handover {
-    /// To a task of the same client, in one script (the plain mutex's local queue).
+    /// To a task of the same client, in one script (the plain mutex's and the
+    /// semaphore's local queues).
     Local,
     /// By a release, to a waiter of another client that had registered for it.
     Grant,

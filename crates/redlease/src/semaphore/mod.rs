@@ -1,21 +1,30 @@
 //! The semaphore: N permits per name, each a lease that expires when its holder stops
-//! renewing it.
+//! renewing it; and its local queue (`local`): tasks of one client that want the same
+//! permits line up behind the one that waits in Redis and get permits handed over in one
+//! script.
+
+mod local;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
 use crate::engine::context::Context;
-use crate::engine::deadline::Wait;
-use crate::engine::guard::{GuardCore, LockBase, guard_surface};
+use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
-use crate::engine::metrics::Primitive;
+use crate::engine::lease::LostReason;
+use crate::engine::metrics::{AcquireCall, Handover, Primitive, handed_over};
+use crate::engine::request::spawn_release;
 use crate::error::{Error, Result};
 use crate::keys::{self, LockKeys};
 use crate::options::LeaseOptions;
 use crate::script::reply::{array, int, ms, opt_string};
-use crate::script::{SEM_ACQUIRE, SEM_EXTEND, SEM_RELEASE, SEM_STATUS, ScriptCall};
+use crate::script::{SEM_ACQUIRE, SEM_EXTEND, SEM_HANDOFF, SEM_RELEASE, SEM_STATUS, ScriptCall};
 use crate::token::Token;
+use local::{Entry, Handed, InRedis, LocalSemaphore, Request, Turn, Waiter};
 
 /// The largest permit limit a semaphore accepts.
 pub const MAX_PERMITS: u32 = 1_000_000;
@@ -40,6 +49,13 @@ pub const MAX_PERMITS_PER_ACQUIRE: u32 = 1024;
 /// holds its permits when the message arrives, without a request of its own. Nobody
 /// polls: a waiter also looks again when the earliest held permit would lapse (its
 /// holder may have died), and at least every half of its registration's life.
+///
+/// Tasks of one client that wait for the same number of permits under the same limit
+/// do not all register: one waits in Redis, the others queue in the client, and permits
+/// released by a task of the client go to the first of them in one request — moved to
+/// that task's own token with a fresh lease, so nobody can slip in between — up to 16
+/// times in a row; then they go back through Redis so that other processes get their
+/// turn.
 ///
 /// # The limit
 ///
@@ -99,6 +115,9 @@ struct SemShared {
     register_arg: Arc<str>,
     limit: u32,
     limit_arg: Arc<str>,
+    /// This client's tasks waiting for these permits (shared by every handle of the
+    /// semaphore in this client).
+    local: Arc<LocalSemaphore>,
 }
 
 /// What [`Semaphore::status`] reports. Never contains a token.
@@ -113,7 +132,9 @@ pub struct SemaphoreStatus {
     pub available: u32,
     /// Until the earliest held permit lapses unless its holder renews it.
     pub next_lapse: Option<Duration>,
-    /// How many acquisitions wait for permits (each waiting task counts).
+    /// How many acquisitions wait for permits (each waiting task counts): those
+    /// registered in Redis, by any client, and the tasks of this client queued behind
+    /// one of them.
     pub waiters: u64,
 }
 
@@ -149,6 +170,7 @@ impl Semaphore {
                 ttl_arg: ttl_ms.to_string().into(),
                 claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
                 register_arg: register_life(options.ttl).as_millis().to_string().into(),
+                local: base.ctx.locals.get(&format!("{}\0semaphore", base.key).into()),
                 base,
                 limit,
                 limit_arg: limit.to_string().into(),
@@ -280,11 +302,63 @@ impl Semaphore {
         Ok(())
     }
 
+    /// Counted in the metrics as one call, whether the permits came through Redis or
+    /// from a task of this client.
     async fn acquire_inner(&self, n: u32, wait: Wait) -> Result<Permit> {
+        let call = AcquireCall::start(Primitive::Semaphore);
+        call.finish(self.acquire_uncounted(n, wait).await)
+    }
+
+    async fn acquire_uncounted(&self, n: u32, wait: Wait) -> Result<Permit> {
         self.check_count(n)?;
         let s = &*self.shared;
-        let ctx = &s.base.ctx;
         let token = Token::generate();
+        let request = Request {
+            permits: n,
+            limit: s.limit,
+        };
+        // Behind a task of this client that waits in Redis for the same request, wait
+        // in the client. (A hand-over skips the replica acknowledgement of an acquire:
+        // under a replica policy every acquisition goes through Redis.)
+        let in_redis = if wait.waits() && s.base.options.replica_ack.is_none() {
+            let started = Instant::now();
+            match s.local.enter(request, &token, self) {
+                Entry::Redis(in_redis) => Some(in_redis),
+                Entry::Queued(mut queued) => match queued.wait(wait.deadline()).await {
+                    Some(Handed::Permits(handed)) => {
+                        tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
+                        return Ok(handed.into_permit());
+                    }
+                    Some(Handed::Turn(turn)) => Some(turn.into_redis(&s.local, request)),
+                    None => {
+                        return Err(Error::Timeout {
+                            name: s.base.name.to_string(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                },
+            }
+        } else {
+            None
+        };
+        let core = self
+            .acquire_through_redis(n, token, wait, in_redis.as_ref())
+            .await?;
+        tracing::debug!(semaphore = %s.base.name, permits = n, "permits acquired");
+        Ok(self.permit(core, n))
+    }
+
+    /// Acquires `n` permits through Redis with `token`; a first busy answer is told to
+    /// `in_redis` (this client's tasks for the same request then queue behind this one).
+    async fn acquire_through_redis(
+        &self,
+        n: u32,
+        token: Token,
+        wait: Wait,
+        in_redis: Option<&InRedis>,
+    ) -> Result<GuardCore> {
+        let s = &*self.shared;
+        let ctx = &s.base.ctx;
         let count: Arc<str> = n.to_string().into();
         // The waiter's public id starts with its client's: releases find the client's
         // channel from it.
@@ -319,11 +393,7 @@ impl Semaphore {
             // Gives back permits an attempt may have taken (or a release handed us),
             // and leaves the registration.
             undo: self.release_call(&token, &count, registration.clone()),
-            renew: ScriptCall::new(
-                &SEM_EXTEND,
-                s.lease_keys.clone(),
-                Arc::new([token.shared(), count.clone()]),
-            ),
+            renew: self.renew_call(&token, &count),
             release: self.release_call(&token, &count, "".into()),
             token,
             grant: waits.then(|| Granted {
@@ -332,23 +402,27 @@ impl Semaphore {
             }),
         };
         let ttl = s.base.options.ttl;
-        let core = s
-            .base
-            .acquire(spec, |reply, _| {
+        s.base
+            .acquire_step(spec, |reply, _| {
                 if let Some(acquired) = Reply::acquired(reply, ttl, false) {
                     return Ok(acquired);
                 }
                 match array(reply).unwrap_or_default() {
-                    [flag, remaining, _free, mark] if int(flag) == Some(0) => Ok(Reply::Busy {
-                        busy: Busy {
-                            remaining: ms(int(remaining)),
-                            pass_on: false,
-                            mark: int(mark).and_then(|m| u64::try_from(m).ok()),
-                            foreign: false,
-                        },
-                        // A waiter left a registration behind: undo removes it.
-                        queued: waits,
-                    }),
+                    [flag, remaining, _free, mark] if int(flag) == Some(0) => {
+                        if let Some(in_redis) = in_redis {
+                            in_redis.found_busy();
+                        }
+                        Ok(Reply::Busy {
+                            busy: Busy {
+                                remaining: ms(int(remaining)),
+                                pass_on: false,
+                                mark: int(mark).and_then(|m| u64::try_from(m).ok()),
+                                foreign: false,
+                            },
+                            // A waiter left a registration behind: undo removes it.
+                            queued: waits,
+                        })
+                    }
                     [flag, existing] if int(flag) == Some(-1) => Err(Error::LimitMismatch {
                         name: s.base.name.to_string(),
                         limit: s.limit,
@@ -357,13 +431,24 @@ impl Semaphore {
                     _ => Err(s.base.op("acquire").bad_reply()),
                 }
             })
-            .await?;
-        tracing::debug!(semaphore = %s.base.name, permits = n, "permits acquired");
-        Ok(Permit {
-            core,
+            .await
+    }
+
+    fn permit(&self, core: GuardCore, permits: u32) -> Permit {
+        Permit {
+            core: Some(core),
             semaphore: self.clone(),
-            permits: n,
-        })
+            permits,
+        }
+    }
+
+    fn renew_call(&self, token: &Token, count: &Arc<str>) -> ScriptCall {
+        let s = &*self.shared;
+        ScriptCall::new(
+            &SEM_EXTEND,
+            s.lease_keys.clone(),
+            Arc::new([token.shared(), count.clone()]),
+        )
     }
 
     /// The release of the `count` permits of `token` (`"0"`: every permit of the
@@ -432,7 +517,7 @@ impl Semaphore {
             in_use,
             available: limit.saturating_sub(in_use),
             next_lapse: ms(int(lapse)),
-            waiters: int(waiting).unwrap_or(0).max(0) as u64,
+            waiters: (int(waiting).unwrap_or(0).max(0) as u64).saturating_add(s.local.queued() as u64),
         })
     }
 }
@@ -448,13 +533,14 @@ impl Semaphore {
 /// # Drop
 ///
 /// Dropping the permit without [`release`](Permit::release) stops renewal and gives the
-/// permits back in the background when a tokio runtime is running (handing them to
-/// waiters);
-/// otherwise they lapse after their TTL.
+/// permits back in the background when a tokio runtime is running (handing them to a
+/// task of this client that waits for as many, or to waiters in Redis); otherwise they
+/// lapse after their TTL.
 #[must_use = "dropping the permit releases it"]
 #[derive(Debug)]
 pub struct Permit {
-    core: GuardCore,
+    /// Taken out only by `release`, `forget` and `drop`.
+    core: Option<GuardCore>,
     semaphore: Semaphore,
     permits: u32,
 }
@@ -463,7 +549,7 @@ guard_surface!(Permit, "these permits belong to", fence: |_g| None);
 
 impl Permit {
     fn core(&self) -> &GuardCore {
-        &self.core
+        self.core.as_ref().expect("present until the permit is consumed")
     }
 
     /// The semaphore these permits belong to.
@@ -476,7 +562,8 @@ impl Permit {
         self.permits
     }
 
-    /// Gives the permits back, handing them to waiters.
+    /// Gives the permits back, handing them to waiters: to a task of this client that
+    /// waits for as many (moved to its token in one request), else through Redis.
     ///
     /// # Cancel safety
     ///
@@ -487,14 +574,202 @@ impl Permit {
     ///
     /// [`Error::NotHeld`] when the permits had already lapsed — someone else may have
     /// held them meanwhile; Redis errors.
-    pub async fn release(self) -> Result<()> {
-        self.core.release().await
+    pub async fn release(mut self) -> Result<()> {
+        let core = self.core.take().expect("present until the permit is consumed");
+        self.semaphore.finish(core, self.permits).await
     }
 
     /// Stops renewing and gives up the guard *without* releasing: the permits stay held
     /// until their lease lapses or someone calls [`Semaphore::release_token`] with the
     /// returned token.
-    pub fn forget(self) -> Token {
-        self.core.forget()
+    pub fn forget(mut self) -> Token {
+        self.core
+            .take()
+            .expect("present until the permit is consumed")
+            .forget()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let Some(core) = self.core.take() else {
+            return;
+        };
+        core.state().end(LostReason::Released);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let (semaphore, permits) = (self.semaphore.clone(), self.permits);
+                runtime.spawn(async move {
+                    let _ = semaphore.finish(core, permits).await;
+                });
+            }
+            Err(_) => {
+                tracing::debug!(semaphore = %self.semaphore.name(), "no runtime to release in; the lease will expire");
+                drop(core);
+            }
+        }
+    }
+}
+
+impl Semaphore {
+    /// Ends a holding of `permits` permits: hands them to the first task of this client
+    /// queued for as many under this limit (within the hand-over budget), else releases
+    /// them through Redis.
+    async fn finish(&self, core: GuardCore, permits: u32) -> Result<()> {
+        let s = &*self.shared;
+        let request = Request {
+            permits,
+            limit: s.limit,
+        };
+        let waiter = match s.base.options.replica_ack {
+            None => s.local.next_for_handoff(request),
+            Some(_) => None,
+        };
+        match waiter {
+            None => core.release().await,
+            // Boxed: most releases do not hand over.
+            Some(waiter) => {
+                let popped = Popped {
+                    waiter: Some(waiter),
+                    local: s.local.clone(),
+                };
+                Box::pin(self.hand_over(core, popped)).await
+            }
+        }
+    }
+
+    /// Moves the permits from `core`'s token to the picked waiter's in one script.
+    async fn hand_over(&self, core: GuardCore, popped: Popped) -> Result<()> {
+        let s = &*self.shared;
+        let count: Arc<str> = popped.waiter().request().permits.to_string().into();
+        let release = self.release_call(core.token(), &count, "".into());
+        let (token, _) = core.take();
+        let next = popped.waiter();
+        let cmd = SEM_HANDOFF.evalsha(
+            &s.lease_keys,
+            &[
+                token.expose(),
+                next.token.expose(),
+                &count,
+                &next.semaphore.shared.ttl_arg,
+            ],
+            None,
+        );
+        // If this future is dropped or fails before Redis answers, our own permits are
+        // released in the background (nothing, if the hand-over landed), and `popped`
+        // gives the waiter the turn.
+        let claim = s.base.claim(release);
+        claim.arm();
+        let op = s.base.op("hand over");
+        let (reply, sent) = op
+            .eval_sent(&SEM_HANDOFF, &cmd, Deadline::Never, Some(&claim))
+            .await?;
+        claim.disarm();
+        let ttl = next.semaphore.shared.base.options.ttl;
+        match Reply::acquired(&reply, ttl, false) {
+            Some(Reply::Acquired { remaining, .. }) => {
+                handed_over(Primitive::Semaphore, Handover::Local);
+                tracing::debug!(semaphore = %s.base.name, permits = %count, "permits handed to a local waiter");
+                popped.hand_over(sent, remaining);
+                Ok(())
+            }
+            // Our permits were gone already: the waiter gets the turn and goes to Redis.
+            _ if int(&reply) == Some(0) => Err(op.not_held()),
+            _ => Err(op.bad_reply()),
+        }
+    }
+}
+
+/// Permits moved to a queued task's token, on their way to it. Dropped unclaimed (the
+/// task has gone), they become a permit that is dropped: handed on, or released.
+pub(crate) struct HandedPermits {
+    semaphore: Semaphore,
+    token: Option<Token>,
+    permits: u32,
+    sent: Instant,
+    remaining: Duration,
+}
+
+impl HandedPermits {
+    fn into_permit(mut self) -> Permit {
+        let sem = &self.semaphore;
+        let token = self.token.take().expect("present until consumed");
+        let count: Arc<str> = self.permits.to_string().into();
+        let core = sem.shared.base.hold(Held {
+            fence: None,
+            sent: self.sent,
+            remaining: self.remaining,
+            renew: sem.renew_call(&token, &count),
+            release: sem.release_call(&token, &count, "".into()),
+            token,
+        });
+        sem.permit(core, self.permits)
+    }
+}
+
+impl Drop for HandedPermits {
+    fn drop(&mut self) {
+        if self.token.is_some() {
+            let handed = HandedPermits {
+                semaphore: self.semaphore.clone(),
+                token: self.token.take(),
+                permits: self.permits,
+                sent: self.sent,
+                remaining: self.remaining,
+            };
+            drop(handed.into_permit());
+        }
+    }
+}
+
+/// A queued task picked for a hand-over that is under way. If the hand-over does not
+/// complete (the script failed, our permits were gone, or the releasing future was
+/// dropped), the task gets the turn instead and acquires through Redis with its own
+/// token — which also finds a hand-over that did land. If the task has gone too,
+/// permits that may have landed on its token are released.
+struct Popped {
+    waiter: Option<Waiter>,
+    local: Arc<LocalSemaphore>,
+}
+
+impl Popped {
+    fn waiter(&self) -> &Waiter {
+        self.waiter.as_ref().expect("present until consumed")
+    }
+
+    fn hand_over(mut self, sent: Instant, remaining: Duration) {
+        let waiter = self.waiter.take().expect("present until consumed");
+        let handed = HandedPermits {
+            semaphore: waiter.semaphore.clone(),
+            token: Some(waiter.token.clone()),
+            permits: waiter.request().permits,
+            sent,
+            remaining,
+        };
+        // A task that has gone drops what it is given back: handed on or released.
+        let _ = waiter.send(Handed::Permits(handed));
+    }
+}
+
+impl Drop for Popped {
+    fn drop(&mut self) {
+        let Some(waiter) = self.waiter.take() else {
+            return;
+        };
+        let (token, semaphore, permits) = (
+            waiter.token.clone(),
+            waiter.semaphore.clone(),
+            waiter.request().permits,
+        );
+        let turn = Turn::for_waiter(&self.local, &waiter);
+        if waiter.send(Handed::Turn(turn)).is_err() {
+            let s = &semaphore.shared;
+            spawn_release(
+                s.base.ctx.clone(),
+                s.base.name.clone(),
+                semaphore.release_call(&token, &permits.to_string().into(), "".into()),
+                s.base.options.ttl,
+            );
+        }
     }
 }
