@@ -74,6 +74,19 @@ async fn queue_locally(
     task
 }
 
+/// One task of `sem`'s client that waits in Redis for one permit, and one queued behind
+/// it in the client.
+async fn park_and_queue(
+    conn: &redis::aio::MultiplexedConnection,
+    sem: &redlease::Semaphore,
+) -> (
+    tokio::task::JoinHandle<redlease::Result<redlease::Permit>>,
+    tokio::task::JoinHandle<redlease::Result<redlease::Permit>>,
+) {
+    let in_redis = park_in_redis(conn, sem, 1).await;
+    (in_redis, queue_locally(conn, sem, 1).await)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_goes_to_a_queued_task_of_the_same_client_in_one_request_with_its_own_token() {
     let server = server();
@@ -83,8 +96,7 @@ async fn a_permit_goes_to_a_queued_task_of_the_same_client_in_one_request_with_i
     let held = sem.acquire().await.unwrap();
     let old = held.token().expose().to_owned();
     let old_lease = held.lease().clone();
-    let in_redis = park_in_redis(&conn, &sem, 1).await;
-    let queued = queue_locally(&conn, &sem, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &sem).await;
     let scripts = command_calls(&mut conn, "evalsha").await;
     held.release().await.unwrap();
     let handed = within(2.0, "the queued task gets the permit", queued)
@@ -132,8 +144,7 @@ async fn the_old_token_holds_nothing_after_a_hand_over() {
     let sem = c.semaphore("tok", 1).unwrap();
     let held = sem.acquire().await.unwrap();
     let old_token = held.token().clone();
-    let in_redis = park_in_redis(&conn, &sem, 1).await;
-    let queued = queue_locally(&conn, &sem, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &sem).await;
     held.release().await.unwrap();
     let handed = within(2.0, "the queued task gets the permit", queued)
         .await
@@ -175,8 +186,7 @@ async fn a_handed_permit_keeps_the_lease_options_of_its_new_holder() {
         .semaphore_with("opts", 1, LeaseOptions::new().ttl(ttl).auto_renew(true))
         .unwrap();
     let held = manual.acquire().await.unwrap();
-    let in_redis = park_in_redis(&conn, &renewing, 1).await;
-    let queued = queue_locally(&conn, &renewing, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &renewing).await;
     held.release().await.unwrap();
     let handed = within(2.0, "the queued task gets the permit", queued)
         .await
@@ -207,8 +217,7 @@ async fn a_handed_permit_starts_a_full_lease() {
         .semaphore_with("spent", 1, LeaseOptions::new().ttl(ttl).auto_renew(false))
         .unwrap();
     let held = sem.acquire().await.unwrap();
-    let in_redis = park_in_redis(&conn, &sem, 1).await;
-    let queued = queue_locally(&conn, &sem, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &sem).await;
     // Most of the releaser's lease is spent.
     let spent_at = held.valid_until() - Duration::from_millis(600);
     tokio::time::sleep_until(spent_at.into()).await;
@@ -245,8 +254,7 @@ async fn the_releasers_lease_ends_with_the_hand_over() {
     let sem = c.semaphore("clone", 1).unwrap();
     let held = sem.acquire().await.unwrap();
     let lease = held.lease().clone();
-    let in_redis = park_in_redis(&conn, &sem, 1).await;
-    let queued = queue_locally(&conn, &sem, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &sem).await;
     held.release().await.unwrap();
     let handed = within(2.0, "the queued task gets the permit", queued)
         .await
@@ -349,8 +357,7 @@ async fn a_hand_over_of_permits_already_gone_sends_the_task_to_redis() {
     let c = client(&server.url()).await;
     let sem = c.semaphore("gone", 1).unwrap();
     let held = sem.acquire().await.unwrap();
-    let in_redis = park_in_redis(&conn, &sem, 1).await;
-    let queued = queue_locally(&conn, &sem, 1).await;
+    let (in_redis, queued) = park_and_queue(&conn, &sem).await;
     // Released by token: Redis hands the permit to the task registered there.
     sem.release_token(held.token()).await.unwrap();
     let first = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
