@@ -78,7 +78,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0x9cfcda6dc0862ab5,
+        0xc5dfa1b7fcc1d419,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(

@@ -334,6 +334,9 @@ impl Server {
             register(&mut self.names[0].waiters, Waiter::Take(token));
             // Lapsed permits the script pruned go to registered waiters; the model's
             // clock prunes them (`tick`), so it may hand out whenever there is room.
+            // (The script hands out before it writes anything of the caller's — a
+            // fencing counter of another type, not modelled, then fails the call with
+            // nothing of its taken — and only what the caller leaves: the same room.)
             let granted = self.sem_hand_out(t, limit);
             let reply = Reply::Busy {
                 mark: self.fence_mark(rules),

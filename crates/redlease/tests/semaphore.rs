@@ -749,3 +749,68 @@ async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_o
     let _ = (w5b.await, w5c.await);
     c2.release().await.unwrap();
 }
+
+/// An acquisition that fails because a key it needs holds something else (here the
+/// fencing counter, which hands lapsed permits to a registered waiter) leaves nothing
+/// behind: no permit taken for a caller that was told it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_fails_on_a_corrupted_counter_takes_no_permit() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c.semaphore("broken", 3).unwrap();
+    let short = c
+        .semaphore_with(
+            "broken",
+            3,
+            redlease::LeaseOptions::new()
+                .ttl(Duration::from_millis(300))
+                .auto_renew(false),
+        )
+        .unwrap();
+    let kept = sem.acquire().await.unwrap();
+    let lapsing = short.acquire().await.unwrap();
+    // A waiter for one permit, registered as another client's would be (it will not
+    // look again by itself).
+    let registration = format!("{}{}1/3", "ab".repeat(16), "cd".repeat(16));
+    let _: () = redis::cmd("ZADD")
+        .arg("{redlease:broken}:waiters")
+        .arg(i64::MAX / 2)
+        .arg(&registration)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    eventually(3.0, "the short permit lapsed", || {
+        let lapsing = &lapsing;
+        async move { !lapsing.is_held() }
+    })
+    .await;
+    let _ = lapsing.forget();
+    // Someone wrote the fencing counter as a list.
+    let _: () = redis::cmd("DEL")
+        .arg("{redlease:fence}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg("{redlease:fence}")
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let err = sem.try_acquire().await.unwrap_err();
+    assert!(matches!(err, redlease::Error::WrongType { .. }), "{err}");
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("redlease:broken")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        members,
+        vec![format!("{}:1", kept.token().expose())],
+        "the failed acquisition took a permit (or the lapsed one was not pruned)"
+    );
+    drop(kept);
+}

@@ -51,7 +51,8 @@ if stored and stored ~= ARGV[2] and used > 0 then
 end
 local limit = tonumber(ARGV[2])
 -- Lapsed permits pruned here make room no release will announce: what we do not take
--- goes to registered waiters.
+-- goes to registered waiters. Done before anything of ours is written: a fencing
+-- counter of another type fails the call with nothing of ours taken.
 local function share_lapsed(taken)
   if lapsed > 0 and used + taken < limit then
     local free = hand_out(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], ARGV[6], ARGV[7],
@@ -63,6 +64,10 @@ local function share_lapsed(taken)
   return nil
 end
 if used + count <= limit then
+  local failed = share_lapsed(count)
+  if failed then
+    return failed
+  end
   add_permits(KEYS[1], token, count, string.format('%d', now + tonumber(ARGV[3])))
   if used == 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -81,7 +86,7 @@ if used + count <= limit then
     -- of the permits we hold to its short claim window.
     redis.call('ZREM', KEYS[3], reg)
   end
-  return share_lapsed(count) or 1
+  return 1
 end
 local mine = redis.call('ZSCORE', KEYS[1], token .. ':1')
 if mine then
@@ -93,16 +98,17 @@ local free = math.max(limit - used, 0)
 if ARGV[4] == '0' then
   return {0, remaining, free, false}
 end
+-- (We do not fit in what is free: the lapsed room goes to waiters that do.)
+local failed = share_lapsed(0)
+if failed then
+  return failed
+end
 local life = tonumber(ARGV[5])
 redis.call('ZADD', KEYS[3], string.format('%d', now + life), reg)
 -- (A registration is only a request to be handed permits: one that goes with the set
 -- when a waiter with a shorter registration life set its TTL costs its waiter a grant,
 -- not a permit — it looks again within half its life. So no PEXPIRE GT here.)
 redis.call('PEXPIRE', KEYS[3], ARGV[5])
-local failed = share_lapsed(0)
-if failed then
-  return failed
-end
 if remaining < 0 or remaining > life / 2 then
   remaining = math.floor(life / 2)
 end
