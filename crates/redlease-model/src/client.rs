@@ -62,9 +62,8 @@ pub struct Acquiring {
     pub id: Tok,
     /// The attempt in flight.
     pub attempt: Option<Attempt>,
-    /// A busy answer left a registration: attempts now send wait mode '2'. (A
-    /// multi-lock's: an attempt was sent since the last one that took every name, so
-    /// some name may hold the registration — `Registration::groups`.)
+    /// A multi-lock's attempt was sent since the last one that took every name, so
+    /// some name may hold the registration (`Registration::groups`).
     pub registered: bool,
     /// Some attempt was sent: giving up arms the undo (`request.rs`, `Claim`).
     pub tried: bool,

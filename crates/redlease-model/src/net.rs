@@ -56,9 +56,8 @@ pub enum Req {
     /// one step: `Set` is the pipeline before its `SET` ran, `Incr` after (and whether
     /// the `SET` set).
     Pipeline { token: Tok, stage: Stage },
-    /// `mutex_acquire.lua` (wait mode '1', or '2' — `leave` — once the acquisition has
-    /// registered), `sem_acquire.lua`, `election_campaign.lua`.
-    Acquire { token: Tok, leave: bool },
+    /// `mutex_acquire.lua`, `sem_acquire.lua`, `election_campaign.lua`.
+    Acquire { token: Tok },
     /// `mutex_extend.lua`, `sem_extend.lua`, `election_renew.lua`: renewals, explicit
     /// extends, and the confirmation of a hand-over.
     Extend { token: Tok, ttl: Time },

@@ -33,7 +33,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "mutex_acquire.lua",
-        0xf813b1f03396a5dc,
+        0xd7248540a57d9fdc,
         "server.rs: Server::mutex_acquire, set_nx"
     ),
     mirrored!(
@@ -78,7 +78,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0xc5dfa1b7fcc1d419,
+        0xafdafbf5796610af,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(

@@ -189,10 +189,9 @@ impl Server {
         name.last_taker == Some(token) && name.take_floor.is_some_and(|floor| fence <= floor)
     }
 
-    /// Runs an acquire script for `token`, which locks `lock`. The wait mode ('2' once
-    /// an earlier attempt registered, else '1') no longer changes what the scripts do:
-    /// both leave the registration when acquired. With the reply, the hand-overs it
-    /// published (a semaphore's acquire hands on lapsed permits).
+    /// Runs an acquire script for `token`, which locks `lock`, for a waiter (wait mode
+    /// '1'). With the reply, the hand-overs it published (a semaphore's acquire hands on
+    /// lapsed permits).
     pub fn acquire(
         &mut self,
         kind: Kind,
@@ -200,7 +199,6 @@ impl Server {
         rules: &Rules,
         t: &Timing,
         token: Tok,
-        _leave: bool,
     ) -> (Reply, Granted) {
         match (kind, lock) {
             (Kind::Semaphore { limit }, _) => self.sem_acquire(rules, t, token, limit),
@@ -210,14 +208,13 @@ impl Server {
         }
     }
 
-    /// `mutex_acquire.lua` on name `n`, for a waiter (wait mode '1', or '2' once
-    /// registered).
+    /// `mutex_acquire.lua` on name `n`, for a waiter (wait mode '1').
     fn mutex_acquire(&mut self, n: usize, rules: &Rules, t: &Timing, token: Tok) -> Reply {
         // SET NX PX (the SET NX variant: SET NX, and the client's PEXPIRE follows).
         if self.set_nx(n, rules, t, token) {
             let fence = self.take_fence(n, token);
-            // Waits '1' and '2' leave the registration: an earlier attempt's, or this
-            // request's own when it is a retry whose first try registered.
+            // A waiter leaves its registration: an earlier attempt's, or this request's
+            // own when it is a retry whose first try registered.
             self.names[n].waiters.retain(|&w| w != Waiter::Take(token));
             return Reply::Acquired {
                 fence: Some(fence),
@@ -348,8 +345,8 @@ impl Server {
         self.permits.retain(|(p, _)| *p != token);
         self.permits.push((token, t.ttl));
         self.permits.sort();
-        // Wait modes '1' and '2' both leave the registration: a retry whose first try
-        // registered (its reply lost) must not leave one behind for a release to serve.
+        // A waiter leaves its registration: a retry whose first try registered (its
+        // reply lost) must not leave one behind for a release to serve.
         self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
         let granted = self.sem_hand_out(t, limit);
         (

@@ -264,10 +264,7 @@ impl LockModel {
                         reg: a.id,
                     }
                 }
-                Attempt::Script => Req::Acquire {
-                    token: a.token,
-                    leave: a.registered,
-                },
+                Attempt::Script => Req::Acquire { token: a.token },
             };
             send(s, c, Slot::Attempt, req);
         }
@@ -292,7 +289,7 @@ impl LockModel {
                 let fence = server.pipeline_incr(name, token, taken);
                 (Reply::Pipeline { taken, fence }, Vec::new())
             }
-            Req::Acquire { token, leave } => server.acquire(kind, lock, rules, t, token, leave),
+            Req::Acquire { token } => server.acquire(kind, lock, rules, t, token),
             Req::MultiAcquire { token, reg } => (server.multi_acquire(rules, t, token, reg), Vec::new()),
             Req::Extend { token, ttl } => (server.extend(kind, lock, rules, token, ttl), Vec::new()),
             Req::Release { token, leaving } => server.release(kind, lock, t, token, leaving),

@@ -153,10 +153,9 @@ fn script(model: &LockModel, req: &Req) -> String {
             token,
             stage: Stage::Incr { .. },
         } => format!("the INCR of {token}'s pipeline"),
-        Req::Acquire { token, leave } => format!(
-            "{}({token}{})",
-            name("mutex_acquire.lua", "sem_acquire.lua", "election_campaign.lua"),
-            if leave { ", wait 2" } else { "" }
+        Req::Acquire { token } => format!(
+            "{}({token})",
+            name("mutex_acquire.lua", "sem_acquire.lua", "election_campaign.lua")
         ),
         Req::Extend { token, ttl } => format!(
             "{}({token}, ttl {ttl})",

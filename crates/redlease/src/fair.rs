@@ -316,7 +316,6 @@ impl FairMutex {
         let spec = Acquire {
             script: &FAIR_ACQUIRE,
             cmd: &cmd,
-            cmd_registered: None,
             channel: &s.channel,
             wait,
             // Leaving removes our queue entry, and hands on the lock an attempt may have

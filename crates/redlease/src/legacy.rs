@@ -287,7 +287,6 @@ impl LegacyLock {
         let spec = Acquire {
             script: &LEGACY_ACQUIRE,
             cmd: &cmd,
-            cmd_registered: None,
             channel: &s.channel,
             wait,
             undo: release.clone(),

@@ -275,7 +275,6 @@ impl RwLock {
         let spec = Acquire {
             script: &RW_READ,
             cmd: &cmd,
-            cmd_registered: None,
             channel: &s.read_channel,
             wait,
             undo: release.clone(),
@@ -355,7 +354,6 @@ impl RwLock {
         let spec = Acquire {
             script: &RW_WRITE,
             cmd: &cmd,
-            cmd_registered: None,
             channel: &s.write_channel,
             wait,
             // Withdraws the registration and any lock an attempt may have taken.

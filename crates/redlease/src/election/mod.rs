@@ -254,7 +254,6 @@ impl Election {
         let spec = Acquire {
             script: &ELECTION_CAMPAIGN,
             cmd: &cmd,
-            cmd_registered: None,
             channel: &s.wake,
             wait,
             // An attempt that may have made us leader, for a caller that went away.

@@ -216,9 +216,6 @@ pub(crate) struct Acquire<'a> {
     /// The acquire request (an EVALSHA of `script`), idempotent under a retry.
     pub script: &'static LuaScript,
     pub cmd: &'a Cmd,
-    /// What the attempts send instead once an attempt left a registration behind
-    /// (`Reply::Busy { queued: true }`), when that differs.
-    pub cmd_registered: Option<&'a Cmd>,
     /// Where releases are announced.
     pub channel: &'a str,
     pub wait: Wait,
@@ -350,7 +347,6 @@ impl LockBase {
         let Acquire {
             script,
             cmd,
-            cmd_registered,
             channel,
             wait,
             token,
@@ -374,8 +370,7 @@ impl LockBase {
         // When the last attempt that found the lock busy was sent, and the fencing mark it
         // saw: a grant with a higher fence was made after that attempt ran.
         let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
-        let registered = std::sync::atomic::AtomicBool::new(false);
-        let (claim_ref, parse_ref, last_busy_ref, registered_ref) = (&claim, &parse, &last_busy, &registered);
+        let (claim_ref, parse_ref, last_busy_ref) = (&claim, &parse, &last_busy);
         let ttl = self.options.ttl;
         let claim_window = grant.as_ref().map(|g| g.claim);
         let (fence, remaining, sent, acked) = acquire_loop(
@@ -385,10 +380,6 @@ impl LockBase {
             },
             move |deadline| async move {
                 claim_ref.arm();
-                let cmd = match cmd_registered {
-                    Some(other) if registered_ref.load(std::sync::atomic::Ordering::Relaxed) => other,
-                    _ => cmd,
-                };
                 let Acked { reply, acked, sent } = op
                     .eval_acked(script, cmd, ack, deadline, Some(claim_ref))
                     .await
@@ -404,9 +395,9 @@ impl LockBase {
                         Ok(Attempt::Acquired((fence, remaining, sent, acked)))
                     }
                     Reply::Busy { busy, queued } => {
-                        if queued {
-                            registered_ref.store(true, std::sync::atomic::Ordering::Relaxed);
-                        } else {
+                        // An attempt that left a registration is undone by the claim
+                        // (which leaves it) when the caller gives up.
+                        if !queued {
                             claim_ref.answered_no();
                         }
                         *last_busy_ref.lock().expect("last busy") = Some((sent, busy.mark));

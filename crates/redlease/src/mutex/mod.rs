@@ -376,21 +376,21 @@ impl Mutex {
         let grants = waits && s.base.options.replica_ack.is_none();
         let id = waiter_id();
         let id_kind = format!("{id}{}", if grants { ' ' } else { '!' });
-        let attempt = |flag: &str| {
-            MUTEX_ACQUIRE.evalsha(
-                &s.keys,
-                &[token.expose(), &s.ttl_arg, &id_kind, flag, &s.register_arg],
-                None,
-            )
-        };
-        let cmd = attempt(if waits { "1" } else { "0" });
-        // After a busy answer left a registration, an attempt that acquires leaves it.
-        let cmd_registered = attempt("2");
+        let cmd = MUTEX_ACQUIRE.evalsha(
+            &s.keys,
+            &[
+                token.expose(),
+                &s.ttl_arg,
+                &id_kind,
+                if waits { "1" } else { "0" },
+                &s.register_arg,
+            ],
+            None,
+        );
         let registration: Arc<str> = format!("{id_kind}{}", token.expose()).into();
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
-            cmd_registered: waits.then_some(&cmd_registered),
             channel: &s.channel,
             wait,
             // Gives back a lock an attempt may have taken (or was handed), and leaves

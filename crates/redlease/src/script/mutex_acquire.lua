@@ -12,9 +12,8 @@
 -- ARGV[2]  ttl_ms        lease length in milliseconds
 -- ARGV[3]  id            the waiter's public id (16 hex digits) and kind: ' ' a waiter
 --                        a release may hand the lock to, '!' one it may only wake
--- ARGV[4]  wait          '0': only try; '1': register when busy; '2': register when busy
---                        (an earlier attempt did); '1' and '2' leave the registration
---                        when acquired
+-- ARGV[4]  wait          '0': only try; '1': register when busy, and leave the
+--                        registration when acquired
 -- ARGV[5]  register_ms   how long a registration lives without a new attempt
 --
 -- Reply: fence             (an integer) acquired now, for the full ttl_ms
@@ -41,7 +40,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return fence
   end
   if ARGV[4] ~= '0' then
-    -- Leave a registration this acquisition made: an earlier attempt's (flag '2'), or
+    -- Leave a registration this acquisition made: an earlier attempt's, or
     -- this very request's when it is a retry whose first try registered and lost its
     -- reply (left behind, our own release would hand the lock to it).
     redis.call('ZREM', KEYS[4], ARGV[3] .. ARGV[1])

@@ -12,9 +12,8 @@
 --                    the number of permits wanted (1..limit) and the limit
 -- ARGV[2]  limit     the caller's permit limit
 -- ARGV[3]  ttl_ms    lease length
--- ARGV[4]  wait      '0': only try; '1': register when busy; '2': register when busy
---                    (an earlier attempt did); '1' and '2' leave the registration when
---                    acquired
+-- ARGV[4]  wait      '0': only try; '1': register when busy, and leave the registration
+--                    when acquired
 -- ARGV[5]  register_ms  how long a registration lives without a new attempt
 -- ARGV[6]  prefix    the channels' prefix {<key>}:wake: (a client's is the prefix and
 --                    its id)
@@ -80,7 +79,7 @@ if used + count <= limit then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
   if ARGV[4] ~= '0' then
-    -- Leave a registration this acquisition made: an earlier attempt's (flag '2'), or
+    -- Leave a registration this acquisition made: an earlier attempt's, or
     -- this very request's when it is a retry whose first try registered and lost its
     -- reply. Left behind, a release would hand permits to it — and rewrite the deadline
     -- of the permits we hold to its short claim window.

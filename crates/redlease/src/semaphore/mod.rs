@@ -364,30 +364,24 @@ impl Semaphore {
         // channel from it.
         let id = format!("{}{}", ctx.id, waiter_id());
         let registration: Arc<str> = format!("{id}{}{n}/{}", token.expose(), s.limit).into();
-        let attempt = |flag: &str| {
-            SEM_ACQUIRE.evalsha(
-                &s.keys,
-                &[
-                    &*registration,
-                    &s.limit_arg,
-                    &s.ttl_arg,
-                    flag,
-                    &s.register_arg,
-                    &s.channel_prefix,
-                    &ctx.publish,
-                    &s.claim_arg,
-                ],
-                None,
-            )
-        };
         let waits = wait.waits();
-        let cmd = attempt(if waits { "1" } else { "0" });
-        // After a busy answer left a registration, an attempt that acquires leaves it.
-        let cmd_registered = attempt("2");
+        let cmd = SEM_ACQUIRE.evalsha(
+            &s.keys,
+            &[
+                &*registration,
+                &s.limit_arg,
+                &s.ttl_arg,
+                if waits { "1" } else { "0" },
+                &s.register_arg,
+                &s.channel_prefix,
+                &ctx.publish,
+                &s.claim_arg,
+            ],
+            None,
+        );
         let spec = Acquire {
             script: &SEM_ACQUIRE,
             cmd: &cmd,
-            cmd_registered: waits.then_some(&cmd_registered),
             channel: &s.channel,
             wait,
             // Gives back permits an attempt may have taken (or a release handed us),
