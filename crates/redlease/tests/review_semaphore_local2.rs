@@ -1,0 +1,376 @@
+//! Review of the semaphore's local queue (45c730a, f9a1779): what a user would expect
+//! of it when futures are not polled, when a queued task goes away while its hand-over
+//! is on the wire, and when the hand-over's reply is lost.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use common::*;
+use redlease::LeaseOptions;
+
+type Acquiring = Pin<Box<dyn Future<Output = redlease::Result<redlease::Permit>> + Send>>;
+
+async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD").arg(key).query_async(conn).await.unwrap()
+}
+
+fn waiters_key(sem: &redlease::Semaphore) -> String {
+    format!("{{{}}}:waiters", sem.key())
+}
+
+async fn members(conn: &redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let mut conn = conn.clone();
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
+    let sem = sem.clone();
+    Box::pin(async move { sem.acquire().await })
+}
+
+/// Polls `fut` until `until` is done, then leaves it alone (alive, not polled).
+async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
+    tokio::select! {
+        biased;
+        _ = until => {}
+        r = fut.as_mut() => panic!("the acquisition finished early: {:?}", r.map(|p| p.permits())),
+    }
+}
+
+/// `n` registrations in Redis, and the client subscribed to its wake-up channel (a
+/// waiter does that only after a busy answer, i.e. once it counts as waiting in Redis).
+async fn registered_and_subscribed(conn: &redis::aio::MultiplexedConnection, sem: &redlease::Semaphore, n: u64) {
+    let (waiters, channels) = (waiters_key(sem), format!("{{{}}}:wake:*", sem.key()));
+    eventually(5.0, "a waiter registered and subscribed", || {
+        let (mut conn, waiters, channels) = (conn.clone(), waiters.clone(), channels.clone());
+        async move {
+            let subscribed: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(&channels)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            zcard(&mut conn, &waiters).await == n && !subscribed.is_empty()
+        }
+    })
+    .await;
+}
+
+async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
+    eventually(5.0, &format!("{n} waiters"), || {
+        let sem = sem.clone();
+        async move { sem.status().await.unwrap().waiters == n }
+    })
+    .await;
+}
+
+/// A task queued in its client whose future is not polled for a while (it sits in a
+/// `select!` branch, say) is handed the permit by a local release. Nobody renews the
+/// handed permit until the task is polled: it lapses, and another task takes it. When
+/// the queued task is polled again, `acquire()` must not return `Ok` with a permit that
+/// is not held (the Redis path never does: a grant it cannot rely on any more makes it
+/// try again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_task_polled_late_gets_no_permit_that_lapsed_in_its_channel() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c
+        .semaphore_with("unpolled-handed", 1, LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let mut queued = acquiring(&sem);
+    poll_until(&mut queued, until_waiters(&sem, 2)).await;
+    // Handed to the queued task in one script.
+    held.release().await.unwrap();
+    // The handed permit is renewed by nobody: it lapses, and the task in Redis gets it.
+    let other = within(6.0, "the task in Redis gets the lapsed permit", in_redis)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(other.is_held());
+    match tokio::time::timeout(Duration::from_millis(500), &mut queued).await {
+        Ok(Ok(late)) => assert!(
+            late.is_held(),
+            "acquire() returned Ok with a permit that is not held (it lapsed before it was \
+             returned) while another task of the limit of 1 holds it (held: {})",
+            other.is_held()
+        ),
+        Ok(Err(e)) => panic!("the queued task failed: {e}"),
+        Err(_) => {
+            // Still waiting, as it should: it gets the permit when the other gives it back.
+            other.release().await.unwrap();
+            let late = within(5.0, "the queued task", queued).await.unwrap();
+            assert!(late.is_held());
+        }
+    }
+}
+
+/// The task that waits in Redis for its client is alive but not polled (a future kept
+/// across loop iterations of a `select!`, say). A release through Redis grants it the
+/// permit for a claim window; it does not take it up, the permit lapses and is free in
+/// Redis. The client's other task, queued behind it, must get that free permit well
+/// before its 8 s timeout — as it would if it had registered in Redis itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpolled_task_in_redis_does_not_hold_up_the_queue_while_permits_are_free() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let other = client(&server.url()).await;
+    let other_sem = other.semaphore("unpolled-rep", 1).unwrap();
+    let held = other_sem.acquire().await.unwrap();
+    let sem = c.semaphore("unpolled-rep", 1).unwrap();
+    let mut in_redis = acquiring(&sem);
+    poll_until(&mut in_redis, registered_and_subscribed(&conn, &sem, 1)).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire_timeout(Duration::from_secs(8)).await }
+    });
+    until_waiters(&sem, 2).await;
+    // Granted to the unpolled task's registration for its claim window (2 s), then free.
+    held.release().await.unwrap();
+    let got = within(10.0, "the queued task's answer", queued).await.unwrap();
+    if let Err(e) = &got {
+        let free = other_sem.try_acquire().await.map(|p| p.permits());
+        panic!(
+            "the queued task never got the permit ({e}); meanwhile another client's \
+             try_acquire: {free:?}"
+        );
+    }
+    drop(in_redis);
+}
+
+/// A queued task is cancelled while the hand-over to it is on the wire (its reply held
+/// back). The permit that landed on its token must go on — here to the task waiting in
+/// Redis — and nothing may be left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_task_cancelled_during_its_hand_over_leaves_the_permit_to_the_next() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let mut conn = raw(&server).await;
+    let c = client(&proxy.url()).await;
+    let sem = c.semaphore("cancel-handed", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let old = format!("{}:1", held.token().expose());
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    until_waiters(&sem, 2).await;
+
+    proxy.hold_replies();
+    let release = tokio::spawn(held.release());
+    eventually(5.0, "the hand-over landed", || {
+        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
+        async move {
+            let m = members(&conn, &key).await;
+            m.len() == 1 && m[0] != old
+        }
+    })
+    .await;
+    queued.abort();
+    assert!(queued.await.unwrap_err().is_cancelled());
+    proxy.release_replies();
+    within(5.0, "the release returns", release)
+        .await
+        .unwrap()
+        .expect("the hand-over landed");
+    let got = within(5.0, "the task in Redis gets the permit", in_redis)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_held());
+    assert_eq!(
+        members(&conn, sem.key()).await,
+        vec![format!("{}:1", got.token().expose())]
+    );
+    got.release().await.unwrap();
+    eventually(5.0, "nothing left", || {
+        let mut conn = conn.clone();
+        let (key, waiters) = (sem.key().to_owned(), waiters_key(&sem));
+        async move { zcard(&mut conn, &key).await == 0 && zcard(&mut conn, &waiters).await == 0 }
+    })
+    .await;
+    assert_eq!(sem.status().await.unwrap().waiters, 0);
+    assert_eq!(zcard(&mut conn, sem.key()).await, 0);
+}
+
+/// The hand-over lands but its reply never comes back within the retry window: the
+/// releaser gets an error, and the queued task must still end up with exactly the one
+/// permit (found on its own token through Redis), with nobody else holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_whose_reply_is_lost_gives_the_queued_task_the_permit_once() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let conn = raw(&server).await;
+    let c = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_millis(600)).await;
+    let outsider = client(&server.url()).await;
+    let sem = c.semaphore("lost-handoff", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let old = format!("{}:1", held.token().expose());
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    until_waiters(&sem, 2).await;
+
+    proxy.hold_replies();
+    let release = tokio::spawn(held.release());
+    eventually(5.0, "the hand-over landed", || {
+        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
+        async move {
+            let m = members(&conn, &key).await;
+            m.len() == 1 && m[0] != old
+        }
+    })
+    .await;
+    let released = within(5.0, "the release gives up", release).await.unwrap();
+    proxy.release_replies();
+    let got = within(5.0, "the queued task", queued).await.unwrap().unwrap();
+    assert!(got.is_held());
+    assert_eq!(
+        members(&conn, sem.key()).await,
+        vec![format!("{}:1", got.token().expose())],
+        "(the release said {released:?})"
+    );
+    let tried = outsider.semaphore("lost-handoff", 1).unwrap().try_acquire().await;
+    assert!(matches!(tried, Err(redlease::Error::Contended { .. })), "{tried:?}");
+    assert!(!in_redis.is_finished());
+    got.release().await.unwrap();
+    let next = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
+    next.release().await.unwrap();
+    eventually(5.0, "nothing left", || {
+        let mut conn = conn.clone();
+        let (key, waiters) = (sem.key().to_owned(), waiters_key(&sem));
+        async move { zcard(&mut conn, &key).await == 0 && zcard(&mut conn, &waiters).await == 0 }
+    })
+    .await;
+}
+
+/// `status().waiters` counts each waiting task once: the one registered in Redis and
+/// those queued behind it; a hand-over takes exactly one off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_each_waiting_task_once() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c.semaphore("count", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let mut queued = Vec::new();
+    for i in 0..3 {
+        queued.push(tokio::spawn({
+            let sem = sem.clone();
+            async move { sem.acquire().await }
+        }));
+        until_waiters(&sem, 2 + i).await;
+    }
+    held.release().await.unwrap();
+    let first = within(2.0, "the first queued task", queued.remove(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(sem.status().await.unwrap().waiters, 3);
+    drop(first);
+    for q in queued {
+        within(5.0, "the next queued task", q).await.unwrap().unwrap().release().await.unwrap();
+    }
+    within(5.0, "the task in Redis", in_redis)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(sem.status().await.unwrap().waiters, 0);
+}
+
+/// Tasks of two clients on a semaphore of 3, through handles of different TTLs, wanting
+/// 1 or 2 permits, some giving up after a short timeout, some dropping their permits:
+/// never more than 3 permits held at once, every task finishes, nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_requests_handles_and_cancellations_never_exceed_the_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let server = server();
+    let conn = raw(&server).await;
+    let clients = [client(&server.url()).await, client(&server.url()).await];
+    let holding = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..12usize {
+        let ttl = Duration::from_millis(if i % 3 == 0 { 2000 } else { 5000 });
+        let sem = clients[i % 2]
+            .semaphore_with("mixed", 3, LeaseOptions::new().ttl(ttl))
+            .unwrap();
+        let (holding, most) = (holding.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for round in 0..20usize {
+                let n = if (i + round) % 4 == 0 { 2 } else { 1 };
+                let got = if (i + round) % 5 == 0 {
+                    match sem.acquire_many_timeout(n, Duration::from_millis(3)).await {
+                        Ok(p) => p,
+                        Err(e) if e.is_timeout() => continue,
+                        Err(e) => panic!("{e}"),
+                    }
+                } else {
+                    sem.acquire_many(n).await.unwrap()
+                };
+                let now = holding.fetch_add(n as usize, Ordering::SeqCst) + n as usize;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                assert!(got.is_held());
+                holding.fetch_sub(n as usize, Ordering::SeqCst);
+                if round % 3 == 2 {
+                    drop(got);
+                } else {
+                    got.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    within(90.0, "every task's rounds", async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await;
+    assert!(most.load(Ordering::SeqCst) <= 3, "{} permits held at once", most.load(Ordering::SeqCst));
+    eventually(5.0, "every permit given back and no registration left", || {
+        let mut conn = conn.clone();
+        async move {
+            zcard(&mut conn, "redlease:mixed").await == 0 && zcard(&mut conn, "{redlease:mixed}:waiters").await == 0
+        }
+    })
+    .await;
+    let sem = clients[0].semaphore("mixed", 3).unwrap();
+    assert_eq!(sem.status().await.unwrap().waiters, 0);
+}
