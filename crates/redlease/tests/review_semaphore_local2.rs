@@ -124,16 +124,19 @@ async fn a_queued_task_polled_late_gets_no_permit_that_lapsed_in_its_channel() {
 /// across loop iterations of a `select!`, say). A release through Redis grants it the
 /// permit for a claim window; it does not take it up, the permit lapses and is free in
 /// Redis. The client's other task, queued behind it, must get that free permit well
-/// before its 8 s timeout — as it would if it had registered in Redis itself.
+/// before its 8 s timeout — as it does when it registers in Redis itself (before the
+/// local queue: it looks again within half its registration's life, 2 s with a 2 s
+/// lease). Queued behind the unpolled task, it waits until that task is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpolled_task_in_redis_does_not_hold_up_the_queue_while_permits_are_free() {
     let server = server();
     let conn = raw(&server).await;
     let c = client(&server.url()).await;
     let other = client(&server.url()).await;
-    let other_sem = other.semaphore("unpolled-rep", 1).unwrap();
+    let lease = LeaseOptions::new().ttl(Duration::from_secs(2));
+    let other_sem = other.semaphore_with("unpolled-rep", 1, lease).unwrap();
     let held = other_sem.acquire().await.unwrap();
-    let sem = c.semaphore("unpolled-rep", 1).unwrap();
+    let sem = c.semaphore_with("unpolled-rep", 1, lease).unwrap();
     let mut in_redis = acquiring(&sem);
     poll_until(&mut in_redis, registered_and_subscribed(&conn, &sem, 1)).await;
     let queued = tokio::spawn({
@@ -373,4 +376,85 @@ async fn mixed_requests_handles_and_cancellations_never_exceed_the_limit() {
     .await;
     let sem = clients[0].semaphore("mixed", 3).unwrap();
     assert_eq!(sem.status().await.unwrap().waiters, 0);
+}
+
+/// A permit freed without a hand-out — released by token through a handle of another
+/// limit, which "frees room but hands nothing out: the waiters of the limit in force
+/// learn of it on their next attempt" — is free in Redis while the client's task there
+/// sleeps until its next look (half its registration's life: 30 s with the default
+/// lease). A new task of the client asking for it with a 3 s timeout used to take it
+/// with its first attempt; it must not time out behind the sleeping one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let other = client(&server.url()).await;
+    let held = other.semaphore("quiet", 1).unwrap().acquire().await.unwrap();
+    let sem = c.semaphore("quiet", 1).unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let token = held.forget();
+    other.semaphore("quiet", 5).unwrap().release_token(&token).await.unwrap();
+    assert_eq!(zcard(&mut conn, sem.key()).await, 0, "the permit is free");
+    let got = within(5.0, "the new task's answer", sem.acquire_timeout(Duration::from_secs(3))).await;
+    let permit = got.expect("a free permit, asked for by a new task of the client");
+    assert!(permit.is_held());
+    permit.release().await.unwrap();
+    in_redis.abort();
+}
+
+/// The hand-over budget is to leave other processes their turn: after 16 local
+/// hand-overs a permit goes back through Redis. There it goes to the registration with
+/// the earliest deadline — and a registration's deadline is its last attempt plus a life
+/// that grows with the handle's TTL (twice it). A waiter of another process whose handle
+/// has a longer lease (120 s here, against the busy client's 30 s) must still get a
+/// permit while the busy client's tasks keep the semaphore going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let server = server();
+    let busy = client(&server.url()).await;
+    let other = client(&server.url()).await;
+    let acquisitions = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let sem = busy.semaphore("long-lease", 1).unwrap();
+        let (acquisitions, stop) = (acquisitions.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let permit = sem.acquire().await.unwrap();
+                acquisitions.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                permit.release().await.unwrap();
+            }
+        }));
+    }
+    eventually(5.0, "the busy client is going", || async {
+        acquisitions.load(Ordering::SeqCst) > 20
+    })
+    .await;
+    let at = acquisitions.load(Ordering::SeqCst);
+    let sem = other
+        .semaphore_with("long-lease", 1, LeaseOptions::new().ttl(Duration::from_secs(120)))
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), sem.acquire()).await;
+    let waited_for = acquisitions.load(Ordering::SeqCst) - at;
+    stop.store(true, Ordering::SeqCst);
+    let permit = got
+        .unwrap_or_else(|_| panic!("the other process got no permit in 10 s ({waited_for} local acquisitions)"))
+        .unwrap();
+    permit.release().await.unwrap();
+    within(10.0, "the busy client's tasks stop", async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await;
+    assert!(waited_for <= 40, "the other process waited for {waited_for} acquisitions");
 }
