@@ -263,11 +263,16 @@ async fn everything_works_under_the_documented_acl_user() {
         "pubsub|channels",
         "auth",
     ];
-    let used: BTreeSet<String> = used_commands(&mut admin)
+    let mut used: BTreeSet<String> = used_commands(&mut admin)
         .await
         .into_iter()
         .filter(|c| !not_redlease.contains(&c.as_str()))
         .collect();
+    // `ZRANK` is needed only by a fair waiter's attempt after it joined the queue, which
+    // this run makes or not depending on timing (a waiter whose wake-up subscription is
+    // ready at once joins with its first request and needs no second); it is granted
+    // either way.
+    used.insert("zrank".to_owned());
     assert_eq!(used, granted, "commands used by redlease vs commands granted");
 }
 
