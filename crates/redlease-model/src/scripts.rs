@@ -78,7 +78,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0xafdafbf5796610af,
+        0x4dfc7edc826aa882,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(

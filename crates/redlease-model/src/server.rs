@@ -318,11 +318,16 @@ impl Server {
     fn sem_acquire(&mut self, rules: &Rules, t: &Timing, token: Tok, limit: u8) -> (Reply, Granted) {
         let used = self.permits.len();
         if used + 1 > usize::from(limit) {
-            if let Some(&(_, deadline)) = self.permits.iter().find(|(p, _)| *p == token) {
+            // Already ours: extended to the full lease (`ZADD XX GT`), the registration
+            // left.
+            if let Some((_, deadline)) = self.permits.iter_mut().find(|(p, _)| *p == token) {
+                *deadline = (*deadline).max(t.ttl);
+                let left = *deadline;
+                self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
                 return (
                     Reply::Acquired {
                         fence: None,
-                        pttl: Some(Some(deadline)),
+                        pttl: Some(Some(left)),
                     },
                     Vec::new(),
                 );

@@ -1,6 +1,6 @@
-//! Review of the semaphore's local queue (45c730a, f9a1779): what a user would expect
-//! of it when futures are not polled, when a queued task goes away while its hand-over
-//! is on the wire, and when the hand-over's reply is lost.
+//! The semaphore's local queue at its edges: futures that are not polled, a queued task
+//! that goes away while its hand-over is on the wire, a hand-over whose reply is lost,
+//! permits freed without anyone being told, handles of other leases and limits.
 
 mod common;
 
@@ -48,7 +48,11 @@ async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
 
 /// `n` registrations in Redis, and the client subscribed to its wake-up channel (a
 /// waiter does that only after a busy answer, i.e. once it counts as waiting in Redis).
-async fn registered_and_subscribed(conn: &redis::aio::MultiplexedConnection, sem: &redlease::Semaphore, n: u64) {
+async fn registered_and_subscribed(
+    conn: &redis::aio::MultiplexedConnection,
+    sem: &redlease::Semaphore,
+    n: u64,
+) {
     let (waiters, channels) = (waiters_key(sem), format!("{{{}}}:wake:*", sem.key()));
     eventually(5.0, "a waiter registered and subscribed", || {
         let (mut conn, waiters, channels) = (conn.clone(), waiters.clone(), channels.clone());
@@ -85,7 +89,11 @@ async fn a_queued_task_polled_late_gets_no_permit_that_lapsed_in_its_channel() {
     let conn = raw(&server).await;
     let c = client(&server.url()).await;
     let sem = c
-        .semaphore_with("unpolled-handed", 1, LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .semaphore_with(
+            "unpolled-handed",
+            1,
+            LeaseOptions::new().ttl(Duration::from_secs(1)),
+        )
         .unwrap();
     let held = sem.acquire().await.unwrap();
     let in_redis = tokio::spawn({
@@ -124,9 +132,8 @@ async fn a_queued_task_polled_late_gets_no_permit_that_lapsed_in_its_channel() {
 /// across loop iterations of a `select!`, say). A release through Redis grants it the
 /// permit for a claim window; it does not take it up, the permit lapses and is free in
 /// Redis. The client's other task, queued behind it, must get that free permit well
-/// before its 8 s timeout — as it does when it registers in Redis itself (before the
-/// local queue: it looks again within half its registration's life, 2 s with a 2 s
-/// lease). Queued behind the unpolled task, it waits until that task is dropped.
+/// before its 8 s timeout, as a waiter registered in Redis would (a queued task looks at
+/// Redis itself after a claim window without a hand-over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpolled_task_in_redis_does_not_hold_up_the_queue_while_permits_are_free() {
     let server = server();
@@ -225,7 +232,12 @@ async fn a_hand_over_whose_reply_is_lost_gives_the_queued_task_the_permit_once()
     let server = server();
     let proxy = Proxy::start(server.addr()).await.unwrap();
     let conn = raw(&server).await;
-    let c = impatient_client(&proxy.url(), Duration::from_millis(200), Duration::from_millis(600)).await;
+    let c = impatient_client(
+        &proxy.url(),
+        Duration::from_millis(200),
+        Duration::from_millis(600),
+    )
+    .await;
     let outsider = client(&server.url()).await;
     let sem = c.semaphore("lost-handoff", 1).unwrap();
     let held = sem.acquire().await.unwrap();
@@ -261,7 +273,10 @@ async fn a_hand_over_whose_reply_is_lost_gives_the_queued_task_the_permit_once()
         "(the release said {released:?})"
     );
     let tried = outsider.semaphore("lost-handoff", 1).unwrap().try_acquire().await;
-    assert!(matches!(tried, Err(redlease::Error::Contended { .. })), "{tried:?}");
+    assert!(
+        matches!(tried, Err(redlease::Error::Contended { .. })),
+        "{tried:?}"
+    );
     assert!(!in_redis.is_finished());
     got.release().await.unwrap();
     let next = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
@@ -304,7 +319,13 @@ async fn status_counts_each_waiting_task_once() {
     assert_eq!(sem.status().await.unwrap().waiters, 3);
     drop(first);
     for q in queued {
-        within(5.0, "the next queued task", q).await.unwrap().unwrap().release().await.unwrap();
+        within(5.0, "the next queued task", q)
+            .await
+            .unwrap()
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     within(5.0, "the task in Redis", in_redis)
         .await
@@ -366,11 +387,16 @@ async fn mixed_requests_handles_and_cancellations_never_exceed_the_limit() {
         }
     })
     .await;
-    assert!(most.load(Ordering::SeqCst) <= 3, "{} permits held at once", most.load(Ordering::SeqCst));
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "{} permits held at once",
+        most.load(Ordering::SeqCst)
+    );
     eventually(5.0, "every permit given back and no registration left", || {
         let mut conn = conn.clone();
         async move {
-            zcard(&mut conn, "redlease:mixed").await == 0 && zcard(&mut conn, "{redlease:mixed}:waiters").await == 0
+            zcard(&mut conn, "redlease:mixed").await == 0
+                && zcard(&mut conn, "{redlease:mixed}:waiters").await == 0
         }
     })
     .await;
@@ -381,9 +407,9 @@ async fn mixed_requests_handles_and_cancellations_never_exceed_the_limit() {
 /// A permit freed without a hand-out — released by token through a handle of another
 /// limit, which "frees room but hands nothing out: the waiters of the limit in force
 /// learn of it on their next attempt" — is free in Redis while the client's task there
-/// sleeps until its next look (half its registration's life: 30 s with the default
-/// lease). A new task of the client asking for it with a 3 s timeout used to take it
-/// with its first attempt; it must not time out behind the sleeping one.
+/// sleeps until its next look (half its registration's life: 10 s). A new task of the
+/// client asking for it with a 3 s timeout must not time out queued behind the sleeping
+/// one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
     let server = server();
@@ -398,9 +424,19 @@ async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
     });
     registered_and_subscribed(&conn, &sem, 1).await;
     let token = held.forget();
-    other.semaphore("quiet", 5).unwrap().release_token(&token).await.unwrap();
+    other
+        .semaphore("quiet", 5)
+        .unwrap()
+        .release_token(&token)
+        .await
+        .unwrap();
     assert_eq!(zcard(&mut conn, sem.key()).await, 0, "the permit is free");
-    let got = within(5.0, "the new task's answer", sem.acquire_timeout(Duration::from_secs(3))).await;
+    let got = within(
+        5.0,
+        "the new task's answer",
+        sem.acquire_timeout(Duration::from_secs(3)),
+    )
+    .await;
     let permit = got.expect("a free permit, asked for by a new task of the client");
     assert!(permit.is_held());
     permit.release().await.unwrap();
@@ -409,10 +445,10 @@ async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
 
 /// The hand-over budget is to leave other processes their turn: after 16 local
 /// hand-overs a permit goes back through Redis. There it goes to the registration with
-/// the earliest deadline — and a registration's deadline is its last attempt plus a life
-/// that grows with the handle's TTL (twice it). A waiter of another process whose handle
-/// has a longer lease (120 s here, against the busy client's 30 s) must still get a
-/// permit while the busy client's tasks keep the semaphore going.
+/// the earliest deadline — its last attempt plus the registration's life. A waiter of
+/// another process whose handle has a longer lease (120 s here, against the busy
+/// client's 30 s) must still get a permit while the busy client's tasks keep the
+/// semaphore going (when the life grew with the lease, it never came first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
     use std::sync::Arc;
@@ -447,7 +483,9 @@ async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
     let waited_for = acquisitions.load(Ordering::SeqCst) - at;
     stop.store(true, Ordering::SeqCst);
     let permit = got
-        .unwrap_or_else(|_| panic!("the other process got no permit in 10 s ({waited_for} local acquisitions)"))
+        .unwrap_or_else(|_| {
+            panic!("the other process got no permit in 10 s ({waited_for} local acquisitions)")
+        })
         .unwrap();
     permit.release().await.unwrap();
     within(10.0, "the busy client's tasks stop", async {
@@ -456,5 +494,8 @@ async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
         }
     })
     .await;
-    assert!(waited_for <= 40, "the other process waited for {waited_for} acquisitions");
+    assert!(
+        waited_for <= 40,
+        "the other process waited for {waited_for} acquisitions"
+    );
 }

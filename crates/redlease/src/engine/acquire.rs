@@ -258,14 +258,30 @@ pub(crate) fn grant_claim(ttl: Duration) -> Duration {
 }
 
 /// How long a waiter's registration lives without a new attempt (it tries again within
-/// half of that).
-pub(crate) fn register_life(ttl: Duration) -> Duration {
-    (ttl * 2).max(Duration::from_secs(2))
+/// half of that). The same for every handle, whatever its lease: a release serves the
+/// registration with the earliest deadline, so with lives that grew with the lease, a
+/// waiter with a long lease would come after every waiter with a shorter one that
+/// registered later — a process of long leases could wait forever behind a busy one of
+/// short leases.
+pub(crate) fn register_life(_ttl: Duration) -> Duration {
+    REGISTER_LIFE
 }
+
+/// See [`register_life`].
+const REGISTER_LIFE: Duration = Duration::from_secs(20);
 
 /// How much of a grant's claim window must be left for the waiter to rely on it without
 /// confirming it first: enough for the renewal that extends it to come back.
 const GRANT_MARGIN: Duration = Duration::from_millis(100);
+
+/// Whether a lock (or permits) handed over by a request sent at `sent`, which left
+/// `remaining` of a lease of `ttl` on the server, can still be relied on without a
+/// round trip: what is left by the slowest allowed clock outlasts the margin a renewal
+/// needs to come back. A waiter that took up a hand-over too late (its task was not
+/// polled meanwhile) must ask Redis instead.
+pub(crate) fn still_reliable(sent: Instant, remaining: Duration, ttl: Duration) -> bool {
+    later(sent, remaining.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
+}
 
 /// What the reply to one attempt says.
 pub(crate) enum Reply {
@@ -421,7 +437,7 @@ impl LockBase {
                 if let Some((busy, Some(mark))) = busy
                     && ack.is_none()
                     && fence > mark
-                    && later(busy, claim.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
+                    && still_reliable(busy, claim, ttl)
                 {
                     return Ok(Some((Some(fence), claim, busy, None)));
                 }

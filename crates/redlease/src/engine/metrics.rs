@@ -2,12 +2,12 @@
 //! them. Each is recorded in one place that every kind of lock goes through:
 //!
 //! - acquire calls, in [`LockBase::acquire`](super::guard::LockBase::acquire) — and
-//!   in the acquire calls of the plain mutex, Redlock and the multi-lock, which do
-//!   more than it;
+//!   in the acquire calls of the plain mutex, the semaphore, Redlock and the
+//!   multi-lock, which do more than it;
 //! - hold times and lost leases, where a lease ends (`LeaseState`), whoever ends it;
 //! - renewal round trips and failures, in the renewal task;
-//! - hand-overs: by grant in the acquire loop, local ones in the plain mutex's
-//!   hand-over (the only lock that has them);
+//! - hand-overs: by grant in the acquire loop, local ones in the plain mutex's and the
+//!   semaphore's hand-overs (the locks that have them);
 //! - retries, where requests are retried.
 //!
 //! Every label value is a `&'static str` from a small fixed set — the kind of lock, an

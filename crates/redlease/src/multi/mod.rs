@@ -23,6 +23,7 @@ use futures_util::future::{join_all, select_all};
 use redis::Value;
 use tokio::time::Instant;
 
+use crate::engine::acquire::{grant_claim, register_life};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::{GuardCore, Released};
@@ -1009,19 +1010,6 @@ fn parse_acquire(reply: &Value, members: usize, ttl: Duration) -> Option<Granted
             .map(Granted::Busy),
         _ => None,
     }
-}
-
-/// How long a name a release hands to a plain mutex's registered waiter holds before
-/// that waiter extends it: the plain mutex's rule (`mutex::grant_claim`), which its
-/// release takes from the releaser.
-fn grant_claim(ttl: Duration) -> Duration {
-    ttl.min(Duration::from_secs(2))
-}
-
-/// How long a waiter's registration lives without a new attempt: the plain mutex's rule
-/// (`mutex::register_life`). A waiter tries again within half of it.
-fn register_life(ttl: Duration) -> Duration {
-    (ttl * 2).max(Duration::from_secs(2))
 }
 
 fn timeout(name: &str, started: Instant) -> Error {

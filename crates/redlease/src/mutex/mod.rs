@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life, still_reliable};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
@@ -233,10 +233,15 @@ impl Mutex {
             }
             Entry::Representative(turn) => turn,
             Entry::Queued(mut queued) => match s.local.wait(&mut queued, wait.deadline()).await {
-                Some(Handed::Lock(handed)) => {
-                    tracing::debug!(lock = %s.base.name, fence = handed.fence, "lock handed over locally");
-                    return Ok(handed.into_guard());
-                }
+                Some(Handed::Lock(handed)) => match handed.if_reliable() {
+                    Ok(guard) => {
+                        tracing::debug!(lock = %s.base.name, fence = guard.fence.get(), "lock handed over locally");
+                        return Ok(guard);
+                    }
+                    // Taken up too late (the task was not polled): ask Redis, with the
+                    // token the lock was handed to.
+                    Err(turn) => turn,
+                },
                 Some(Handed::Turn(turn)) => turn,
                 None => {
                     // Gave up: leave the queue. Whatever was sent meanwhile is dropped
@@ -713,6 +718,18 @@ pub(crate) struct HandedLock {
 }
 
 impl HandedLock {
+    /// The guard, if the hand-over can still be relied on without a round trip; else
+    /// the turn (the lock may still be on the waiter's token: its own acquire through
+    /// Redis finds it there, with a full lease).
+    fn if_reliable(mut self) -> std::result::Result<MutexGuard, Turn> {
+        let ttl = self.mutex.shared.base.options.ttl;
+        if still_reliable(self.sent, self.remaining, ttl) {
+            return Ok(self.into_guard());
+        }
+        self.token = None;
+        Err(self.turn.take().expect("a hand-over carries the turn"))
+    }
+
     fn into_guard(mut self) -> MutexGuard {
         let m = &self.mutex;
         let token = self.token.take().expect("present until consumed");

@@ -22,7 +22,7 @@
 --
 -- Reply: 1                        acquired now, for the full ttl_ms
 --        {1, remaining_ms}        already ours: a retry after a lost reply, or permits
---                                 a release handed us
+--                                 handed to us — extended to at least ttl_ms
 --        {0, remaining_ms, free, mark}
 --                                 not enough free permits. remaining: until the earliest
 --                                 held permit lapses unless renewed (-1: unknown), for a
@@ -89,7 +89,22 @@ if used + count <= limit then
 end
 local mine = redis.call('ZSCORE', KEYS[1], token .. ':1')
 if mine then
-  return {1, tonumber(mine) - now}
+  -- Already ours: a retry after a lost reply, or permits handed to us (by a release, or
+  -- by a task of our client) that we take up late. They last the full lease from now
+  -- (never shorter: ZADD XX GT), so that the guard does not start out nearly lost.
+  local args = {}
+  local deadline = string.format('%d', now + tonumber(ARGV[3]))
+  for i = 1, count do
+    args[2 * i - 1] = deadline
+    args[2 * i] = token .. ':' .. i
+  end
+  redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(args))
+  expire_at_least(KEYS[1], ARGV[3])
+  expire_at_least(KEYS[2], ARGV[3])
+  if ARGV[4] ~= '0' then
+    redis.call('ZREM', KEYS[3], reg)
+  end
+  return {1, math.max(tonumber(mine) - now, tonumber(ARGV[3]))}
 end
 local first = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')
 local remaining = first[2] and (tonumber(first[2]) - now) or -1

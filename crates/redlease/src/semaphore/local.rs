@@ -14,9 +14,14 @@
 //! Tasks that want another number of permits, or under another limit, never queue
 //! behind a task that waits in Redis for something else: they go to Redis themselves.
 //!
-//! A task queued here is bounded exactly as a waiter in Redis is: when the last task of
-//! its request that waits in Redis stops waiting there (it acquired, gave up or was
-//! cancelled), the first task queued for that request goes to Redis in its place.
+//! A task queued here is bounded as a waiter in Redis is: when the last task of its
+//! request that waits in Redis stops waiting there (it acquired, gave up or was
+//! cancelled), the first task queued for that request goes to Redis in its place. And it
+//! does not rely on that task alone: after the claim window of a hand-over (at most
+//! 2 s) without a hand-over, a queued task leaves the queue and goes to Redis itself —
+//! so a permit freed without anyone being told (freed under another limit, or handed to
+//! a waiter whose task is not being polled, which lapses after that window) is found by
+//! a queued task within the same window as by a waiter in Redis.
 //!
 //! Everything handed around is drop-safe: a [`Turn`] dropped unused passes itself on; a
 //! queued task that gives up leaves the queue, and what was sent to it meanwhile is
@@ -152,6 +157,11 @@ impl LocalSemaphore {
         })
     }
 
+    /// The presence in Redis of a task that goes there for `request` without a turn.
+    pub fn to_redis(self: &Arc<Self>, request: Request) -> InRedis {
+        InRedis::new(self.clone(), request)
+    }
+
     /// How many tasks of this client wait here.
     pub fn queued(&self) -> usize {
         self.state.lock().expect("local semaphore").queue.len()
@@ -227,17 +237,28 @@ impl Queued {
     }
 }
 
-impl Drop for Queued {
-    fn drop(&mut self) {
+impl Queued {
+    /// Leaves the queue; returns what was sent before we left, if anything.
+    pub fn leave(mut self) -> Option<Handed> {
+        self.take_leave()
+    }
+
+    fn take_leave(&mut self) -> Option<Handed> {
         self.local
             .state
             .lock()
             .expect("local semaphore")
             .queue
             .retain(|w| w.id != self.id);
-        // Anything sent before we left is passed on as it is dropped (outside the lock).
         self.rx.close();
-        drop(self.rx.try_recv());
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        // Anything sent before we left is passed on as it is dropped (outside the lock).
+        drop(self.take_leave());
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life};
+use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life, still_reliable};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
@@ -322,20 +322,37 @@ impl Semaphore {
         // under a replica policy every acquisition goes through Redis.)
         let in_redis = if wait.waits() && s.base.options.replica_ack.is_none() {
             let started = Instant::now();
+            // A queued task looks at Redis itself after a claim window without a
+            // hand-over (see `local`).
+            let look_again = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
             match s.local.enter(request, &token, self) {
                 Entry::Redis(in_redis) => Some(in_redis),
-                Entry::Queued(mut queued) => match queued.wait(wait.deadline()).await {
-                    Some(Handed::Permits(handed)) => {
-                        tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
-                        return Ok(handed.into_permit());
-                    }
+                Entry::Queued(mut queued) => match queued.wait(look_again).await {
+                    Some(Handed::Permits(handed)) => match handed.if_reliable() {
+                        Some(permit) => {
+                            tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
+                            return Ok(permit);
+                        }
+                        // Taken up too late (the task was not polled): ask Redis, with
+                        // the token the permits were moved to.
+                        None => Some(s.local.to_redis(request)),
+                    },
                     Some(Handed::Turn(turn)) => Some(turn.into_redis(&s.local, request)),
-                    None => {
+                    None if wait.deadline().passed() => {
                         return Err(Error::Timeout {
                             name: s.base.name.to_string(),
                             waited: started.elapsed(),
                         });
                     }
+                    None => match queued.leave() {
+                        // Sent just as we looked away.
+                        Some(Handed::Permits(handed)) => match handed.if_reliable() {
+                            Some(permit) => return Ok(permit),
+                            None => Some(s.local.to_redis(request)),
+                        },
+                        Some(Handed::Turn(turn)) => Some(turn.into_redis(&s.local, request)),
+                        None => Some(s.local.to_redis(request)),
+                    },
                 },
             }
         } else {
@@ -685,6 +702,18 @@ pub(crate) struct HandedPermits {
 }
 
 impl HandedPermits {
+    /// The permit, if the hand-over can still be relied on without a round trip (the
+    /// permits may still be on the waiter's token: its own acquire through Redis finds
+    /// them there, with a full lease).
+    fn if_reliable(mut self) -> Option<Permit> {
+        let ttl = self.semaphore.shared.base.options.ttl;
+        if still_reliable(self.sent, self.remaining, ttl) {
+            return Some(self.into_permit());
+        }
+        self.token = None;
+        None
+    }
+
     fn into_permit(mut self) -> Permit {
         let sem = &self.semaphore;
         let token = self.token.take().expect("present until consumed");
