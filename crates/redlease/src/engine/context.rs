@@ -44,6 +44,9 @@ pub(crate) struct Context {
     /// Durations in milliseconds as script arguments, made once for the lease lengths
     /// in use rather than for every lock handle.
     pub millis: MillisArgs,
+    /// The plain mutex release's hand-over argument, `<publish> <claim_ms>`, made once
+    /// per claim length in use.
+    pub handover: MillisArgs,
 }
 
 /// Everything a [`Context`] is built from.
@@ -85,6 +88,7 @@ impl Context {
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),
             retry_window,
+            handover: MillisArgs::after(&format!("{} ", topology.publish_command())),
             topology,
             millis: MillisArgs::default(),
         })
@@ -101,23 +105,34 @@ impl Context {
     }
 }
 
-/// A few durations in milliseconds as shared decimal strings (script arguments): a
-/// client usually uses one or two lease lengths, and each lock handle would otherwise
-/// format its own.
+/// A few durations in milliseconds as shared decimal strings (script arguments),
+/// each after a fixed prefix (none by default): a client usually uses one or two lease
+/// lengths, and each lock handle would otherwise format its own.
 #[derive(Debug, Default)]
-pub(crate) struct MillisArgs(std::sync::Mutex<Vec<(u64, Arc<str>)>>);
+pub(crate) struct MillisArgs {
+    prefix: String,
+    kept: std::sync::Mutex<Vec<(u64, Arc<str>)>>,
+}
 
 /// How many distinct values [`MillisArgs`] keeps.
 const MILLIS_KEPT: usize = 8;
 
 impl MillisArgs {
-    /// `ms` as a decimal string.
+    /// Durations as decimal strings after `prefix`.
+    pub fn after(prefix: &str) -> Self {
+        MillisArgs {
+            prefix: prefix.to_owned(),
+            kept: Default::default(),
+        }
+    }
+
+    /// `ms` as a decimal string (after the prefix).
     pub fn arg(&self, ms: u64) -> Arc<str> {
-        let mut kept = self.0.lock().expect("millis lock");
+        let mut kept = self.kept.lock().expect("millis lock");
         if let Some((_, arg)) = kept.iter().find(|(m, _)| *m == ms) {
             return arg.clone();
         }
-        let arg: Arc<str> = ms.to_string().into();
+        let arg: Arc<str> = format!("{}{ms}", self.prefix).into();
         if kept.len() >= MILLIS_KEPT {
             kept.remove(0);
         }

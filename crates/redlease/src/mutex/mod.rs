@@ -67,9 +67,9 @@ struct MutexShared {
     channel: Arc<str>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// How long a lock handed to a waiter holds before it extends it, as the script
-    /// argument (see [`grant_claim`]).
-    claim_arg: Arc<str>,
+    /// The release's hand-over argument: `PUBLISH` or `SPUBLISH`, and how long a lock
+    /// handed to a waiter holds before it extends it (see [`grant_claim`]).
+    handover_arg: Arc<str>,
     /// How long a waiter's registration lives without a new attempt, as the script
     /// argument.
     register_arg: Arc<str>,
@@ -120,7 +120,7 @@ impl Mutex {
                 fence_keys: std::sync::OnceLock::new(),
                 lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: millis.arg(ttl_ms),
-                claim_arg: millis.arg(grant_claim(options.ttl).as_millis() as u64),
+                handover_arg: base.ctx.handover.arg(grant_claim(options.ttl).as_millis() as u64),
                 register_arg: millis.arg(register_life(options.ttl).as_millis() as u64),
                 base,
             }),
@@ -423,23 +423,16 @@ impl Mutex {
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
-        self.release_call_leaving(token, NO_REGISTRATION.clone())
+        let s = &*self.shared;
+        let args = Arc::new([token.shared(), s.handover_arg.clone()]);
+        ScriptCall::new(&MUTEX_RELEASE, s.keys.clone(), args)
     }
 
     /// The release call that also leaves `registration` (a waiter that gives up).
     fn release_call_leaving(&self, token: &Token, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
-        ScriptCall::new(
-            &MUTEX_RELEASE,
-            s.keys.clone(),
-            Arc::new([
-                token.shared(),
-                s.channel.clone(),
-                s.base.ctx.publish.clone(),
-                s.claim_arg.clone(),
-                registration,
-            ]),
-        )
+        let args = Arc::new([token.shared(), s.handover_arg.clone(), registration]);
+        ScriptCall::new(&MUTEX_RELEASE, s.keys.clone(), args)
     }
 
     /// Ends a holding: hands the lock to the next local waiter when there is one (within
@@ -564,10 +557,6 @@ impl Mutex {
         })
     }
 }
-
-/// The registration argument of a release that leaves none (shared: an empty
-/// `Arc<str>` still allocates).
-static NO_REGISTRATION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
 /// `INCR` and still has to be started (see `mark.lua`).
