@@ -324,7 +324,7 @@ impl MultiLock {
                 floor,
                 waiters: keys.aux("q").into(),
                 channel: keys.aux("wake").into(),
-                key: keys.key.into(),
+                key: keys.key,
             });
         }
         // On a cluster each script may touch one slot only; elsewhere one script takes all.

@@ -64,7 +64,9 @@ struct MutexShared {
     /// not exist is refused with TRYAGAIN: the calls that must keep working then —
     /// renewals — name only the key that exists while the lock is held.)
     lock_keys: Arc<[Arc<str>]>,
-    channel: Arc<str>,
+    /// The wake-up channel, `{<lock key>}:wake` (made at first use: a free lock never
+    /// needs it).
+    channel: std::sync::OnceLock<Arc<str>>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
     /// The release's hand-over argument: `PUBLISH` or `SPUBLISH`, and how long a lock
@@ -114,7 +116,7 @@ impl Mutex {
 
         Ok(Mutex {
             shared: Arc::new(MutexShared {
-                channel: keys.aux_shared("wake"),
+                channel: std::sync::OnceLock::new(),
                 local: base.ctx.locals.get(&base.key),
                 keys: Arc::new([base.key.clone(), counter, floor, keys.aux_shared("q")]),
                 fence_keys: std::sync::OnceLock::new(),
@@ -131,6 +133,15 @@ impl Mutex {
     fn fence_keys(&self) -> &Arc<[Arc<str>]> {
         let s = &*self.shared;
         s.fence_keys.get_or_init(|| Arc::from(&s.keys[..3]))
+    }
+
+    /// The wake-up channel: the waiters' key `{<lock key>}:q` with `wake` for its `q`.
+    fn channel(&self) -> &Arc<str> {
+        let s = &*self.shared;
+        s.channel.get_or_init(|| {
+            let waiters = &s.keys[3];
+            keys::shared_concat(&[&waiters[..waiters.len() - 1], "wake"])
+        })
     }
 
     /// The lock's name (without the prefix).
@@ -391,7 +402,7 @@ impl Mutex {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
             cmd_registered: waits.then_some(&cmd_registered),
-            channel: &s.channel,
+            channel: self.channel(),
             wait,
             // Gives back a lock an attempt may have taken (or was handed), and leaves
             // the registration.
@@ -544,7 +555,7 @@ impl Mutex {
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
         let cmd = MUTEX_STATUS.evalsha(self.fence_keys(), &[] as &[&str], None);
-        let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
+        let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(self.channel())).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
             held: h.held,
