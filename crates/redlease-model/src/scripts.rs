@@ -38,7 +38,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "mutex_release.lua",
-        0xfc2667747433cdf0,
+        0xd505030bb3cc542e,
         "server.rs: Server::mutex_release, free_or_hand_over (a first waiter of kind '!' is only woken)"
     ),
     mirrored!(
@@ -68,7 +68,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "multi_release.lua",
-        0xb41f3268d36b154d,
+        0x6042ab46b2be707a,
         "server.rs: Server::multi_release, mutex_release, free_or_hand_over"
     ),
     mirrored!(

@@ -517,7 +517,9 @@ impl Server {
     }
 
     /// `mutex_release.lua` on name `n`: `1` released (or handed over), `0` held by
-    /// another token, `-1` free; `leave`: a registration to leave.
+    /// another token, `-1` free; `leave`: a registration to leave. (The script's first
+    /// path — the token holds the lock and no waiters' set exists — deletes the key
+    /// without leaving the registration: there is none to leave then, as here.)
     fn mutex_release(
         &mut self,
         n: usize,

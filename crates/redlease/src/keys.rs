@@ -22,8 +22,8 @@ pub const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The Redis names used by one lock.
 #[derive(Clone, Debug)]
 pub(crate) struct LockKeys {
-    /// The lock key itself, `<prefix><name>`.
-    pub key: String,
+    /// The lock key itself, `<prefix><name>` (shared: every lock handle keeps it).
+    pub key: Arc<str>,
     /// Whether the key has a hash tag: auxiliary names are then `key:<suffix>`, else
     /// `{key}:<suffix>`.
     tagged: bool,
@@ -45,9 +45,7 @@ impl LockKeys {
         if has_control(name) {
             return Err(invalid("the name contains control characters"));
         }
-        let mut key = String::with_capacity(prefix.len() + name.len());
-        key.push_str(prefix);
-        key.push_str(name);
+        let key = shared_concat(&[prefix, name]);
         let tagged = hash_tag(&key).is_some();
         if !tagged && key.contains('}') {
             // `{key}` would end its tag at this brace and land in another slot.
@@ -320,6 +318,16 @@ mod tests {
     }
 
     #[test]
+    fn the_wake_channel_is_the_waiters_key_with_wake_for_q() {
+        // mutex_release.lua and Mutex::channel derive one from the other.
+        for name in ["deploy", "{tag}deploy", "a{b}c"] {
+            let keys = LockKeys::new("redlease:", name).unwrap();
+            let waiters = keys.aux("q");
+            assert_eq!(format!("{}wake", &waiters[..waiters.len() - 1]), keys.aux("wake"));
+        }
+    }
+
+    #[test]
     fn slots_match_redis() {
         // The examples of Redis's CLUSTER KEYSLOT documentation.
         assert_eq!(key_slot(b"somekey"), 11058);
@@ -365,7 +373,7 @@ mod tests {
             let [counter, floor] = FenceKeys::new(prefix, true).of(&keys);
             assert_eq!(slot(&counter), slot(&keys.key), "{prefix}{name}: {counter}");
             assert_eq!(slot(&floor), slot(&keys.key), "{prefix}{name}: {floor}");
-            assert_ne!(&*counter, keys.key);
+            assert_ne!(&*counter, &*keys.key);
         }
         let keys = LockKeys::new("redlease:", "deploy").unwrap();
         let [counter, floor] = FenceKeys::new("redlease:", true).of(&keys);
@@ -392,10 +400,10 @@ mod tests {
     #[test]
     fn lock_key_is_exactly_prefix_and_name() {
         let keys = LockKeys::new("redlease:", "deploy").unwrap();
-        assert_eq!(keys.key, "redlease:deploy");
+        assert_eq!(&*keys.key, "redlease:deploy");
         assert_eq!(keys.aux("meta"), "{redlease:deploy}:meta");
         let keys = LockKeys::new("", "lock.foo").unwrap();
-        assert_eq!(keys.key, "lock.foo");
+        assert_eq!(&*keys.key, "lock.foo");
     }
 
     #[test]

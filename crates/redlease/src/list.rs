@@ -173,7 +173,7 @@ impl Client {
         let Ok(keys) = LockKeys::new(&self.ctx.prefix, name) else {
             return Ok(None);
         };
-        let mut all = vec![keys.key.clone()];
+        let mut all = vec![keys.key.to_string()];
         all.extend(
             [
                 "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy", "waiters",
@@ -183,7 +183,7 @@ impl Client {
         );
         let cmd = LIST_LOCK.evalsha(&all, &[] as &[&str], None);
         let reply = eval(&*self.ctx.conn, &LIST_LOCK, &cmd).await?;
-        Ok(parse(name, keys.key, &reply))
+        Ok(parse(name, keys.key.to_string(), &reply))
     }
 }
 

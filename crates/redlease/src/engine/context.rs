@@ -44,6 +44,9 @@ pub(crate) struct Context {
     /// Durations in milliseconds as script arguments, made once for the lease lengths
     /// in use rather than for every lock handle.
     pub millis: MillisArgs,
+    /// The plain mutex release's hand-over argument, `<publish> <claim_ms>`, made once
+    /// per claim length in use.
+    pub handover: MillisArgs,
 }
 
 /// Everything a [`Context`] is built from.
@@ -85,6 +88,7 @@ impl Context {
             publish: topology.publish_command().into(),
             subscribe_timeout: Duration::from_secs(1),
             retry_window,
+            handover: MillisArgs::after(&format!("{} ", topology.publish_command())),
             topology,
             millis: MillisArgs::default(),
         })
@@ -101,28 +105,59 @@ impl Context {
     }
 }
 
-/// A few durations in milliseconds as shared decimal strings (script arguments): a
-/// client usually uses one or two lease lengths, and each lock handle would otherwise
-/// format its own.
+/// A few durations in milliseconds as shared decimal strings (script arguments),
+/// each after a fixed prefix (none by default): a client usually uses one or two lease
+/// lengths, and each lock handle would otherwise format its own. The first
+/// [`MILLIS_KEPT`] durations asked for are kept, and read without taking a lock (every
+/// lock handle asks; a lock shared by all threads would be a point of contention);
+/// others are formatted each time.
 #[derive(Debug, Default)]
-pub(crate) struct MillisArgs(std::sync::Mutex<Vec<(u64, Arc<str>)>>);
+pub(crate) struct MillisArgs {
+    prefix: String,
+    kept: [std::sync::OnceLock<(u64, Arc<str>)>; MILLIS_KEPT],
+    /// Taken to fill a slot.
+    filling: std::sync::Mutex<()>,
+}
 
 /// How many distinct values [`MillisArgs`] keeps.
 const MILLIS_KEPT: usize = 8;
 
 impl MillisArgs {
-    /// `ms` as a decimal string.
+    /// Durations as decimal strings after `prefix`.
+    pub fn after(prefix: &str) -> Self {
+        MillisArgs {
+            prefix: prefix.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    /// `ms` as a decimal string (after the prefix).
     pub fn arg(&self, ms: u64) -> Arc<str> {
-        let mut kept = self.0.lock().expect("millis lock");
-        if let Some((_, arg)) = kept.iter().find(|(m, _)| *m == ms) {
-            return arg.clone();
+        if let Some(arg) = self.kept_arg(ms) {
+            return arg;
         }
-        let arg: Arc<str> = ms.to_string().into();
-        if kept.len() >= MILLIS_KEPT {
-            kept.remove(0);
+        let _filling = self.filling.lock().expect("millis lock");
+        if let Some(arg) = self.kept_arg(ms) {
+            return arg;
         }
-        kept.push((ms, arg.clone()));
+        let arg: Arc<str> = format!("{}{ms}", self.prefix).into();
+        if let Some(free) = self.kept.iter().find(|slot| slot.get().is_none()) {
+            let _ = free.set((ms, arg.clone()));
+        }
         arg
+    }
+
+    /// `ms`'s string if it is kept.
+    fn kept_arg(&self, ms: u64) -> Option<Arc<str>> {
+        for slot in &self.kept {
+            match slot.get() {
+                Some((m, arg)) if *m == ms => return Some(arg.clone()),
+                Some(_) => {}
+                // Slots fill in order: the rest are free.
+                None => return None,
+            }
+        }
+        None
     }
 }
 
@@ -163,6 +198,19 @@ impl Locals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis_args_are_kept_and_shared() {
+        let args = MillisArgs::after("PUBLISH ");
+        let a = args.arg(5000);
+        assert_eq!(&*a, "PUBLISH 5000");
+        assert!(Arc::ptr_eq(&a, &args.arg(5000)), "kept");
+        for ms in 0..MILLIS_KEPT as u64 * 2 {
+            assert_eq!(&*args.arg(ms), format!("PUBLISH {ms}"));
+        }
+        assert!(Arc::ptr_eq(&a, &args.arg(5000)), "still kept");
+        assert_eq!(&*MillisArgs::default().arg(30000), "30000");
+    }
 
     #[test]
     fn locals_are_shared_per_key_and_forgotten_when_unused() {

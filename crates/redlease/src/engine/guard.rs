@@ -113,7 +113,7 @@ impl LockBase {
         ctx: Arc<Context>,
         primitive: Primitive,
         name: &str,
-        key: &str,
+        key: &Arc<str>,
         options: LeaseOptions,
     ) -> Result<Self> {
         keys::ttl_ms(name, options.ttl)?;
@@ -123,7 +123,7 @@ impl LockBase {
         Ok(LockBase {
             ctx,
             name: name.into(),
-            key: key.into(),
+            key: key.clone(),
             options,
             whole_seconds: false,
             primitive,

@@ -116,9 +116,10 @@ struct Shared {
     options: LeaseOptions,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// How long a name a release hands to a plain mutex's registered waiter holds
-    /// before that waiter extends it, as the script argument (the plain mutex's rule).
-    claim_arg: Arc<str>,
+    /// The release's hand-over argument: `PUBLISH` or `SPUBLISH`, and how long a name
+    /// a release hands to a plain mutex's registered waiter holds before that waiter
+    /// extends it (the plain mutex's rule).
+    handover_arg: Arc<str>,
     /// How long a waiter's registration on a busy name lives without a new attempt, as
     /// the script argument (the plain mutex's rule).
     register_arg: Arc<str>,
@@ -324,7 +325,7 @@ impl MultiLock {
                 floor,
                 waiters: keys.aux("q").into(),
                 channel: keys.aux("wake").into(),
-                key: keys.key.into(),
+                key: keys.key,
             });
         }
         // On a cluster each script may touch one slot only; elsewhere one script takes all.
@@ -364,6 +365,7 @@ impl MultiLock {
             })
             .collect();
         let key_label = names.iter().map(|n| &*n.key).collect::<Vec<_>>().join("+");
+        let handover_arg = ctx.handover.arg(grant_claim(options.ttl).as_millis() as u64);
         Ok(MultiLock {
             shared: Arc::new(Shared {
                 ctx,
@@ -371,7 +373,7 @@ impl MultiLock {
                 groups,
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
-                claim_arg: grant_claim(options.ttl).as_millis().to_string().into(),
+                handover_arg,
                 register_arg: register_life(options.ttl).as_millis().to_string().into(),
                 label: label.into(),
                 key_label: key_label.into(),
@@ -765,21 +767,17 @@ impl MultiLock {
     }
 
     fn release_call(&self, g: usize, token: &Token) -> ScriptCall {
-        self.release_call_leaving(g, token, "".into())
+        let s = &*self.shared;
+        let args = Arc::new([token.shared(), s.handover_arg.clone()]);
+        ScriptCall::new(&MULTI_RELEASE, s.groups[g].keys.clone(), args)
     }
 
     /// The release call that also leaves a waiter's `registration` on every name of
     /// group `g`.
     fn release_call_leaving(&self, g: usize, token: &Token, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
-        let group = &s.groups[g];
-        let mut args = Vec::with_capacity(4 + group.members.len());
-        args.push(token.shared());
-        args.push(s.ctx.publish.clone());
-        args.push(s.claim_arg.clone());
-        args.push(registration);
-        args.extend(group.members.iter().map(|&i| s.names[i].channel.clone()));
-        ScriptCall::new(&MULTI_RELEASE, group.keys.clone(), args.into())
+        let args = Arc::new([token.shared(), s.handover_arg.clone(), registration]);
+        ScriptCall::new(&MULTI_RELEASE, s.groups[g].keys.clone(), args)
     }
 
     fn extend_call(&self, g: usize, token: &Token) -> ScriptCall {

@@ -64,12 +64,14 @@ struct MutexShared {
     /// not exist is refused with TRYAGAIN: the calls that must keep working then —
     /// renewals — name only the key that exists while the lock is held.)
     lock_keys: Arc<[Arc<str>]>,
-    channel: Arc<str>,
+    /// The wake-up channel, `{<lock key>}:wake` (made at first use: a free lock never
+    /// needs it).
+    channel: std::sync::OnceLock<Arc<str>>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
-    /// How long a lock handed to a waiter holds before it extends it, as the script
-    /// argument (see [`grant_claim`]).
-    claim_arg: Arc<str>,
+    /// The release's hand-over argument: `PUBLISH` or `SPUBLISH`, and how long a lock
+    /// handed to a waiter holds before it extends it (see [`grant_claim`]).
+    handover_arg: Arc<str>,
     /// How long a waiter's registration lives without a new attempt, as the script
     /// argument.
     register_arg: Arc<str>,
@@ -114,13 +116,13 @@ impl Mutex {
 
         Ok(Mutex {
             shared: Arc::new(MutexShared {
-                channel: keys.aux_shared("wake"),
+                channel: std::sync::OnceLock::new(),
                 local: base.ctx.locals.get(&base.key),
                 keys: Arc::new([base.key.clone(), counter, floor, keys.aux_shared("q")]),
                 fence_keys: std::sync::OnceLock::new(),
                 lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: millis.arg(ttl_ms),
-                claim_arg: millis.arg(grant_claim(options.ttl).as_millis() as u64),
+                handover_arg: base.ctx.handover.arg(grant_claim(options.ttl).as_millis() as u64),
                 register_arg: millis.arg(register_life(options.ttl).as_millis() as u64),
                 base,
             }),
@@ -131,6 +133,15 @@ impl Mutex {
     fn fence_keys(&self) -> &Arc<[Arc<str>]> {
         let s = &*self.shared;
         s.fence_keys.get_or_init(|| Arc::from(&s.keys[..3]))
+    }
+
+    /// The wake-up channel: the waiters' key `{<lock key>}:q` with `wake` for its `q`.
+    fn channel(&self) -> &Arc<str> {
+        let s = &*self.shared;
+        s.channel.get_or_init(|| {
+            let waiters = &s.keys[3];
+            keys::shared_concat(&[&waiters[..waiters.len() - 1], "wake"])
+        })
     }
 
     /// The lock's name (without the prefix).
@@ -396,7 +407,7 @@ impl Mutex {
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
-            channel: &s.channel,
+            channel: self.channel(),
             wait,
             // Gives back a lock an attempt may have taken (or was handed), and leaves
             // the registration.
@@ -428,23 +439,16 @@ impl Mutex {
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
-        self.release_call_leaving(token, NO_REGISTRATION.clone())
+        let s = &*self.shared;
+        let args = Arc::new([token.shared(), s.handover_arg.clone()]);
+        ScriptCall::new(&MUTEX_RELEASE, s.keys.clone(), args)
     }
 
     /// The release call that also leaves `registration` (a waiter that gives up).
     fn release_call_leaving(&self, token: &Token, registration: Arc<str>) -> ScriptCall {
         let s = &*self.shared;
-        ScriptCall::new(
-            &MUTEX_RELEASE,
-            s.keys.clone(),
-            Arc::new([
-                token.shared(),
-                s.channel.clone(),
-                s.base.ctx.publish.clone(),
-                s.claim_arg.clone(),
-                registration,
-            ]),
-        )
+        let args = Arc::new([token.shared(), s.handover_arg.clone(), registration]);
+        ScriptCall::new(&MUTEX_RELEASE, s.keys.clone(), args)
     }
 
     /// Ends a holding: hands the lock to the next local waiter when there is one (within
@@ -556,7 +560,7 @@ impl Mutex {
     pub async fn status(&self) -> Result<MutexStatus> {
         let s = &*self.shared;
         let cmd = MUTEX_STATUS.evalsha(self.fence_keys(), &[] as &[&str], None);
-        let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(&s.channel)).await?;
+        let (items, waiters) = s.base.status(&MUTEX_STATUS, &cmd, Some(self.channel())).await?;
         let h = holder(&items).ok_or_else(|| s.base.op("status").bad_reply())?;
         Ok(MutexStatus {
             held: h.held,
@@ -569,10 +573,6 @@ impl Mutex {
         })
     }
 }
-
-/// The registration argument of a release that leaves none (shared: an empty
-/// `Arc<str>` still allocates).
-static NO_REGISTRATION: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| "".into());
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
 /// `INCR` and still has to be started (see `mark.lua`).

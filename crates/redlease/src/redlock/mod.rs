@@ -194,7 +194,7 @@ impl Redlock {
                 redlock: self.shared.clone(),
                 name: name.into(),
                 channel: keys.aux("wake").into(),
-                keys: Arc::new([keys.key.as_str().into()]),
+                keys: Arc::new([keys.key.clone()]),
                 options,
                 ttl_arg: ttl_ms.to_string().into(),
             }),

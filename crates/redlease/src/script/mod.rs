@@ -157,6 +157,18 @@ macro_rules! script {
         pub(crate) static $static: LazyLock<LuaScript> =
             LazyLock::new(|| LuaScript::new($file, &[FENCE, include_str!(concat!($file, ".lua"))]));
     };
+    // A script whose common path must not pay for a prelude: the prelude goes where
+    // the script marks its place (`--[[mark.lua]]`), after that path. (Each `local
+    // function` of a prelude is a closure made anew on every call.)
+    ($static:ident, $file:literal, $prelude:ident at $marker:literal) => {
+        pub(crate) static $static: LazyLock<LuaScript> = LazyLock::new(|| {
+            let code = include_str!(concat!($file, ".lua"));
+            let (head, tail) = code
+                .split_once($marker)
+                .expect(concat!($file, ".lua marks where its prelude goes"));
+            LuaScript::new($file, &[head, $prelude, tail])
+        });
+    };
     // Scripts that use other preludes list them, in order.
     ($static:ident, $file:literal, [$($prelude:ident),+]) => {
         pub(crate) static $static: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -167,7 +179,7 @@ macro_rules! script {
 
 script!(MUTEX_ACQUIRE, "mutex_acquire", [MARK]);
 script!(MUTEX_EXTEND, "mutex_extend");
-script!(MUTEX_RELEASE, "mutex_release", [MARK]);
+script!(MUTEX_RELEASE, "mutex_release", MARK at "--[[mark.lua]]");
 script!(MUTEX_STATUS, "mutex_status", [MARK, OWNER]);
 script!(MUTEX_HANDOFF, "mutex_handoff", [MARK]);
 script!(LEASE_EXTEND, "lease_extend");

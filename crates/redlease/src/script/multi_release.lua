@@ -10,14 +10,15 @@
 -- KEYS[4i-3]  lock key      of the i-th name
 -- KEYS[4i-2]  counter       the fencing counter of its hash slot (see mark.lua)
 -- KEYS[4i-1]  floor         its floor
--- KEYS[4i]    waiters       {<lock key>}:q
+-- KEYS[4i]    waiters       {<lock key>}:q (its wake-up channel is {<lock key>}:wake)
 -- (so KEYS[1] is the first name's lock key)
 -- ARGV[1]    token         the holder's token
--- ARGV[2]    publish       'PUBLISH' (standalone) or 'SPUBLISH' (cluster)
--- ARGV[3]    claim_ms      how long a name handed to a waiter holds before it extends it
--- ARGV[4]    registration  a multi-lock waiter's registration to leave on every name
---                          ("<id>!", see multi_acquire.lua), or ''
--- ARGV[4+i]  channel       wake-up channel of the i-th name
+-- ARGV[2]    hand-over     '<publish> <claim_ms>': 'PUBLISH' (standalone) or 'SPUBLISH'
+--                          (cluster), and how long a name handed to a waiter holds
+--                          before it extends it
+-- ARGV[3]    registration  (only for a multi-lock waiter that gives up) its
+--                          registration to leave on every name ("<id>!", see
+--                          multi_acquire.lua)
 --
 -- Reply: {r_1, ..., r_n}, for each name what mutex_release.lua answers:
 --         1  released (or handed over) by this call
@@ -29,7 +30,7 @@
 local released = {}
 for i = 1, #KEYS / 4 do
   local one = mutex_release({KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]},
-    {ARGV[1], ARGV[4 + i], ARGV[2], ARGV[3], ARGV[4]})
+    {ARGV[1], ARGV[2], ARGV[3]})
   if type(one) == 'table' then
     return one
   end
