@@ -205,6 +205,7 @@ pub enum Msg {
         token: Tok,
         reply: Reply,
     },
-    /// `g <id> <fence>` published by a release that handed the lock to waiter `to`.
+    /// `g <id> <fence> <claim>` published by a release that handed the lock to waiter
+    /// `to` (one lease length in the model: the claim is the waiter's own).
     Grant { to: Tok, fence: Fence },
 }

@@ -38,7 +38,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "mutex_release.lua",
-        0xd505030bb3cc542e,
+        0x11031cea87e8e94a,
         "server.rs: Server::mutex_release, free_or_hand_over (a first waiter of kind '!' is only woken)"
     ),
     mirrored!(
@@ -93,7 +93,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_waiters.lua",
-        0xb00acd97f470695f,
+        0x753bd3a5574f8a8d,
         "server.rs: Server::sem_hand_out"
     ),
     mirrored!(

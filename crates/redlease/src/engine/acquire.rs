@@ -47,6 +47,13 @@ pub(crate) struct Busy {
     pub foreign: bool,
 }
 
+/// The longest a waiter with a lease of `ttl` sleeps between attempts when nothing
+/// wakes it: its own lease, but at least a second (besides half its registration's life
+/// and the holder's remaining lease, which bound it too).
+pub(crate) fn look_again(ttl: Duration) -> Duration {
+    ttl.max(Duration::from_secs(1))
+}
+
 /// The first and the longest pause between the attempts of a waiter that polls a
 /// foreign holder.
 const POLL_FIRST: Duration = Duration::from_millis(4);
@@ -150,7 +157,14 @@ where
             sub = Some(s);
             continue;
         };
-        let fallback = remaining.unwrap_or(spec.fallback).max(Duration::from_millis(1));
+        // Look again when the holder's lease would run out (it may have died), and at
+        // least once per own lease (at least a second): a lock freed without a word —
+        // a hand-over to a waiter that never took it up, which lapses after its claim
+        // window — is found within about that long.
+        let fallback = remaining
+            .unwrap_or(spec.fallback)
+            .min(look_again(spec.fallback))
+            .max(Duration::from_millis(1));
         let fallback = if foreign {
             // Nobody will announce this holder's release: look again soon.
             let pause = poll.min(fallback);
@@ -422,10 +436,19 @@ impl LockBase {
                 }
             },
             move |details: String| async move {
-                let Some(fence) = details.split(' ').next().and_then(|f| f.parse::<u64>().ok()) else {
+                // "<fence> <claim_ms>": the claim window is the releaser's, which may
+                // be shorter than ours (its handle's lease is). A message without one
+                // (an older release) is trusted for our own window.
+                let mut fields = details.split(' ');
+                let Some(fence) = fields.next().and_then(|f| f.parse::<u64>().ok()) else {
                     return Ok(None);
                 };
-                let claim = claim_window.unwrap_or_default();
+                let own = claim_window.unwrap_or_default();
+                let claim = match fields.next().map(str::parse::<u64>) {
+                    Some(Ok(ms)) => own.min(Duration::from_millis(ms)),
+                    Some(Err(_)) => return Ok(None),
+                    None => own,
+                };
                 let busy = *last_busy_ref.lock().expect("last busy");
                 // Relied on without a round trip only when the grant is known to have been
                 // made after the last attempt that found the lock busy: then the lock was

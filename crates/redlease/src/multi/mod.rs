@@ -23,7 +23,7 @@ use futures_util::future::{join_all, select_all};
 use redis::Value;
 use tokio::time::Instant;
 
-use crate::engine::acquire::{grant_claim, register_life};
+use crate::engine::acquire::{grant_claim, look_again, register_life};
 use crate::engine::context::Context;
 use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::{GuardCore, Released};
@@ -563,6 +563,7 @@ impl MultiLock {
                 .min()
                 .unwrap_or(s.options.ttl)
                 .min(register_life(s.options.ttl) / 2)
+                .min(look_again(s.options.ttl))
                 .max(Duration::from_millis(1));
             let fallback = if busy.iter().any(|b| b.foreign) {
                 // Nobody will announce that holder's release: look again soon.

@@ -13,7 +13,15 @@
 //! lease. When the local holder's lease is lost — it ran out, or the lock was found
 //! gone — its turn is revoked and passed on at once (the lease calls back; the renewal
 //! task looks at every lease by its `valid_until`), so the next task goes to Redis
-//! instead of waiting for a guard that may live on long after its lease.
+//! instead of waiting for a guard that may live on long after its lease. And a waiter
+//! that got neither a hand-over nor the turn within a claim window (a lock handed to a
+//! task that does not take it up has no lease yet to revoke) leaves the queue and goes
+//! to Redis itself.
+//!
+//! A hand-over gives the waiter the lease its own handle asks for (several handles of
+//! one lock, with different leases, share the queue); a waiter whose handle has a
+//! replica policy is never handed the lock (a hand-over skips the acknowledgement): it
+//! gets the turn.
 //!
 //! Everything handed around here is drop-safe. A [`Turn`] that is dropped passes the
 //! turn on (unless it was revoked); a hand-over that reaches a waiter that has gone is
@@ -39,15 +47,17 @@ pub(crate) enum Handed<L> {
 }
 
 /// A task waiting for the lock behind the local holder.
-pub(crate) struct Waiter<L> {
+pub(crate) struct Waiter<L, H> {
     pub id: u64,
     /// The waiter's token: a hand-over moves the lock to it, and as representative the
     /// waiter acquires with it (so a hand-over whose reply was lost is recognised).
     pub token: Token,
+    /// The handle the waiter acquires through: the lease it asked for.
+    pub handle: H,
     tx: oneshot::Sender<Handed<L>>,
 }
 
-impl<L> Waiter<L> {
+impl<L, H> Waiter<L, H> {
     /// Delivers to the waiter; gives the value back if it has gone.
     pub fn send(self, handed: Handed<L>) -> Result<(), Handed<L>> {
         self.tx.send(handed)
@@ -59,25 +69,26 @@ impl<L> Waiter<L> {
     }
 }
 
-struct State<L> {
+struct State<L, H> {
     /// A local task holds the lock, or is acquiring it as representative.
     busy: bool,
     /// The current turn; a [`Turn`] of another number was revoked.
     turn: u64,
     /// The lease of the local holder, while one holds the lock.
     holder: Option<Lease>,
-    queue: VecDeque<Waiter<L>>,
+    queue: VecDeque<Waiter<L, H>>,
     /// Hand-overs since the lock last came through Redis.
     streak: u32,
     next_id: u64,
 }
 
-/// The local queue of one lock in one client.
-pub(crate) struct LocalLock<L> {
-    state: std::sync::Mutex<State<L>>,
+/// The local queue of one lock in one client; `H` is the handle a waiter acquires
+/// through.
+pub(crate) struct LocalLock<L, H> {
+    state: std::sync::Mutex<State<L, H>>,
 }
 
-impl<L> Default for LocalLock<L> {
+impl<L, H> Default for LocalLock<L, H> {
     fn default() -> Self {
         LocalLock {
             state: std::sync::Mutex::new(State {
@@ -92,7 +103,7 @@ impl<L> Default for LocalLock<L> {
     }
 }
 
-impl<L> std::fmt::Debug for LocalLock<L> {
+impl<L, H> std::fmt::Debug for LocalLock<L, H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let st = self.state.lock().expect("local lock");
         f.debug_struct("LocalLock")
@@ -118,11 +129,11 @@ pub(crate) struct Queued<L> {
     rx: oneshot::Receiver<Handed<L>>,
 }
 
-impl<L: Send + 'static> LocalLock<L> {
+impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     /// Becomes the representative if nobody local has the lock — or the local holder's
     /// lease ended without a release, which revokes its turn; else, unless `try_only`,
-    /// joins the queue.
-    pub fn enter(self: &Arc<Self>, token: &Token, try_only: bool) -> Entry<L> {
+    /// joins the queue (through `handle`).
+    pub fn enter(self: &Arc<Self>, token: &Token, try_only: bool, handle: impl FnOnce() -> H) -> Entry<L> {
         // Looking at the holder's lease ends it if it ran out, which revokes its turn
         // through the lease's hook (see `hold`): look before taking the state, which
         // the hook takes too.
@@ -144,6 +155,7 @@ impl<L: Send + 'static> LocalLock<L> {
         st.queue.push_back(Waiter {
             id,
             token: token.clone(),
+            handle: handle(),
             tx,
         });
         Entry::Queued(Queued { id, rx })
@@ -202,7 +214,7 @@ impl<L: Send + 'static> LocalLock<L> {
         }
     }
 
-    fn revoke_locked(self: &Arc<Self>, st: &mut State<L>) {
+    fn revoke_locked(self: &Arc<Self>, st: &mut State<L, H>) {
         st.turn += 1;
         st.holder = None;
         st.streak = 0;
@@ -219,13 +231,18 @@ impl<L: Send + 'static> LocalLock<L> {
     }
 
     /// The next waiter to hand the lock to, within the hand-over budget — only for the
-    /// current turn.
-    pub fn next_for_handoff(&self, turn: &Turn) -> Option<Waiter<L>> {
+    /// current turn, and only if it `accepts` a hand-over (else the lock goes through
+    /// Redis, and the turn to that waiter).
+    pub fn next_for_handoff(&self, turn: &Turn, accepts: impl Fn(&H) -> bool) -> Option<Waiter<L, H>> {
         let mut st = self.state.lock().expect("local lock");
         if st.turn != turn.number || st.streak >= HANDOFF_BUDGET {
             return None;
         }
         while let Some(w) = st.queue.pop_front() {
+            if w.is_waiting() && !accepts(&w.handle) {
+                st.queue.push_front(w);
+                return None;
+            }
             if w.is_waiting() {
                 st.streak += 1;
                 st.holder = None;
@@ -272,14 +289,14 @@ trait PassTurn: Send + Sync {
     fn pass(self: Arc<Self>, number: u64);
 }
 
-impl<L: Send + 'static> PassTurn for LocalLock<L> {
+impl<L: Send + 'static, H: Send + 'static> PassTurn for LocalLock<L, H> {
     fn pass(self: Arc<Self>, number: u64) {
         self.pass_turn(number);
     }
 }
 
 impl Turn {
-    fn new<L: Send + 'static>(local: Arc<LocalLock<L>>, number: u64) -> Self {
+    fn new<L: Send + 'static, H: Send + 'static>(local: Arc<LocalLock<L, H>>, number: u64) -> Self {
         Turn {
             local: Some(local),
             number,
@@ -309,23 +326,23 @@ mod tests {
         Token::from_secret("t").unwrap()
     }
 
-    fn local() -> Arc<LocalLock<()>> {
+    fn local() -> Arc<LocalLock<(), ()>> {
         Arc::new(LocalLock::default())
     }
 
     #[test]
     fn turns_pass_in_arrival_order_and_skip_the_departed() {
         let local = local();
-        let Entry::Representative(first) = local.enter(&token(), false) else {
+        let Entry::Representative(first) = local.enter(&token(), false, || ()) else {
             panic!("the first task represents")
         };
         assert!(
-            matches!(local.enter(&token(), true), Entry::Busy),
+            matches!(local.enter(&token(), true, || ()), Entry::Busy),
             "try_only does not queue"
         );
         let mut queued = Vec::new();
         for _ in 0..3 {
-            match local.enter(&token(), false) {
+            match local.enter(&token(), false, || ()) {
                 Entry::Queued(q) => queued.push((q.id, q.rx)),
                 _ => panic!("busy: queued"),
             }
@@ -355,45 +372,51 @@ mod tests {
     #[test]
     fn the_last_turn_frees_the_lock() {
         let local = local();
-        let Entry::Representative(turn) = local.enter(&token(), false) else {
+        let Entry::Representative(turn) = local.enter(&token(), false, || ()) else {
             panic!()
         };
         drop(turn);
         assert!(!local.state.lock().unwrap().busy);
-        assert!(matches!(local.enter(&token(), true), Entry::Representative(_)));
+        assert!(matches!(
+            local.enter(&token(), true, || ()),
+            Entry::Representative(_)
+        ));
     }
 
     #[test]
     fn hand_overs_stop_at_the_budget() {
         let local = local();
-        let Entry::Representative(rep) = local.enter(&token(), false) else {
+        let Entry::Representative(rep) = local.enter(&token(), false, || ()) else {
             panic!()
         };
         let mut rxs = Vec::new();
         for _ in 0..HANDOFF_BUDGET + 2 {
-            if let Entry::Queued(q) = local.enter(&token(), false) {
+            if let Entry::Queued(q) = local.enter(&token(), false, || ()) {
                 let rx = q.rx;
                 rxs.push(rx);
             }
         }
         for _ in 0..HANDOFF_BUDGET {
-            assert!(local.next_for_handoff(&rep).is_some());
+            assert!(local.next_for_handoff(&rep, |_| true).is_some());
         }
-        assert!(local.next_for_handoff(&rep).is_none(), "budget spent");
+        assert!(local.next_for_handoff(&rep, |_| true).is_none(), "budget spent");
         local.acquired_through_redis();
-        assert!(local.next_for_handoff(&rep).is_some(), "budget restored");
+        assert!(
+            local.next_for_handoff(&rep, |_| true).is_some(),
+            "budget restored"
+        );
     }
 
     #[test]
     fn a_revoked_turn_neither_hands_over_nor_passes_again() {
         let local = local();
-        let Entry::Representative(old) = local.enter(&token(), false) else {
+        let Entry::Representative(old) = local.enter(&token(), false, || ()) else {
             panic!()
         };
-        let Entry::Queued(Queued { rx: mut rx1, .. }) = local.enter(&token(), false) else {
+        let Entry::Queued(Queued { rx: mut rx1, .. }) = local.enter(&token(), false, || ()) else {
             panic!()
         };
-        let Entry::Queued(Queued { rx: mut rx2, .. }) = local.enter(&token(), false) else {
+        let Entry::Queued(Queued { rx: mut rx2, .. }) = local.enter(&token(), false, || ()) else {
             panic!()
         };
         local.revoke(old.number);
@@ -401,7 +424,7 @@ mod tests {
             panic!("the head gets a fresh turn")
         };
         assert!(
-            local.next_for_handoff(&old).is_none(),
+            local.next_for_handoff(&old, |_| true).is_none(),
             "the revoked turn hands nothing over"
         );
         drop(old);

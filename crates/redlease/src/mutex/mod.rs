@@ -76,7 +76,7 @@ struct MutexShared {
     /// argument.
     register_arg: Arc<str>,
     /// This client's local queue for the lock (shared by every handle of it).
-    local: Arc<LocalLock<HandedLock>>,
+    local: Arc<LocalLock<HandedLock, Mutex>>,
 }
 
 /// What [`Mutex::status`] reports. Never contains the token.
@@ -228,9 +228,10 @@ impl Mutex {
     async fn acquire_uncounted(&self, wait: Wait) -> Result<MutexGuard> {
         let s = &*self.shared;
         let token = Token::for_owner(&s.base.ctx.label);
+        let started = Instant::now();
         // Tasks of this client queue locally behind the local holder; one at a time
-        // goes to Redis.
-        let turn = match s.local.enter(&token, !wait.waits()) {
+        // goes to Redis. A hand-over gives a waiter the lease its own handle asks for.
+        let turn = match s.local.enter(&token, !wait.waits(), || self.clone()) {
             Entry::Busy => {
                 // Held (or being acquired) by a task of this client: no need to try, but
                 // tell the caller how long the lease has left.
@@ -242,32 +243,52 @@ impl Mutex {
                     remaining,
                 });
             }
-            Entry::Representative(turn) => turn,
-            Entry::Queued(mut queued) => match s.local.wait(&mut queued, wait.deadline()).await {
-                Some(Handed::Lock(handed)) => match handed.if_reliable() {
-                    Ok(guard) => {
-                        tracing::debug!(lock = %s.base.name, fence = guard.fence.get(), "lock handed over locally");
-                        return Ok(guard);
+            Entry::Representative(turn) => Some(turn),
+            Entry::Queued(mut queued) => {
+                // Waits for a hand-over or the turn — but looks at Redis itself after a
+                // claim window without either: the lock may have been handed to a task
+                // of this client that does not take it up (its future is not polled),
+                // and lapsed in Redis with nobody told.
+                let mut bound = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
+                let mut picked = false;
+                loop {
+                    match s.local.wait(&mut queued, bound).await {
+                        Some(Handed::Lock(handed)) => match handed.if_reliable() {
+                            Ok(guard) => {
+                                tracing::debug!(lock = %s.base.name, fence = guard.fence.get(), "lock handed over locally");
+                                return Ok(guard);
+                            }
+                            // Taken up too late (the task was not polled): ask Redis,
+                            // with the token the lock was handed to.
+                            Err(turn) => break Some(turn),
+                        },
+                        Some(Handed::Turn(turn)) => break Some(turn),
+                        None if picked || wait.deadline().passed() => {
+                            // Gave up: leave the queue. Whatever was sent meanwhile is
+                            // dropped with `queued`, which passes it on (a turn) or
+                            // releases it (a lock).
+                            s.local.leave(queued.id);
+                            return Err(Error::Timeout {
+                                name: s.base.name.to_string(),
+                                waited: started.elapsed(),
+                            });
+                        }
+                        // Out of the queue: to Redis, without a turn.
+                        None if s.local.leave(queued.id) => break None,
+                        // Picked for a hand-over under way: what it sends arrives.
+                        None => {
+                            picked = true;
+                            bound = wait.deadline();
+                        }
                     }
-                    // Taken up too late (the task was not polled): ask Redis, with the
-                    // token the lock was handed to.
-                    Err(turn) => turn,
-                },
-                Some(Handed::Turn(turn)) => turn,
-                None => {
-                    // Gave up: leave the queue. Whatever was sent meanwhile is dropped
-                    // with `queued`, which passes it on (a turn) or releases it (a lock).
-                    s.local.leave(queued.id);
-                    return Err(Error::Timeout {
-                        name: s.base.name.to_string(),
-                        waited: Duration::ZERO,
-                    });
                 }
-            },
+            }
         };
         let core = self.acquire_through_redis(token, wait).await?;
-        s.local.acquired_through_redis();
-        Ok(self.guard(core, Some(turn)))
+        if turn.is_some() {
+            s.local.acquired_through_redis();
+        }
+        Ok(self.guard(core, turn))
     }
 
     /// The guard of a holding, with this client's turn.
@@ -459,7 +480,11 @@ impl Mutex {
         // A hand-over skips the replica acknowledgement of an acquire, so locks with
         // a replica policy always go through Redis.
         let waiter = match &turn {
-            Some(turn) if s.base.options.replica_ack.is_none() => s.local.next_for_handoff(turn),
+            // Nor to a waiter whose handle has a replica policy: it gets the turn, and
+            // acquires through Redis, acknowledged.
+            Some(turn) if s.base.options.replica_ack.is_none() => s
+                .local
+                .next_for_handoff(turn, |m: &Mutex| m.shared.base.options.replica_ack.is_none()),
             _ => None,
         };
         let Some(waiter) = waiter else {
@@ -483,7 +508,7 @@ impl Mutex {
         let (token, _) = core.take();
         let cmd = MUTEX_HANDOFF.evalsha(
             self.fence_keys(),
-            &[token.expose(), popped.token().expose(), &s.ttl_arg],
+            &[token.expose(), popped.token().expose(), popped.ttl_arg()],
             None,
         );
         // If this future is dropped or fails before Redis answers, our own token is
@@ -496,7 +521,9 @@ impl Mutex {
             .eval_sent(&MUTEX_HANDOFF, &cmd, Deadline::Never, Some(&claim))
             .await?;
         claim.disarm();
-        match parse_acquire(&reply, s.base.options.ttl, &s.base) {
+        // The lease is the waiter's.
+        let ttl = popped.waiter().handle.shared.base.options.ttl;
+        match parse_acquire(&reply, ttl, &s.base) {
             Ok(Reply::Acquired { fence, remaining }) => {
                 handed_over(Primitive::Mutex, Handover::Local);
                 tracing::debug!(lock = %s.base.name, ?fence, "lock handed to a local waiter");
@@ -768,7 +795,7 @@ impl Drop for HandedLock {
 /// recognises a hand-over that did land. If the waiter has gone too, a hand-over that
 /// may have landed on its token is compare-and-deleted.
 struct Popped {
-    waiter: Option<Waiter<HandedLock>>,
+    waiter: Option<Waiter<HandedLock, Mutex>>,
     turn: Option<Turn>,
     mutex: Mutex,
 }
@@ -778,10 +805,20 @@ impl Popped {
         &self.waiter.as_ref().expect("present until consumed").token
     }
 
+    fn waiter(&self) -> &Waiter<HandedLock, Mutex> {
+        self.waiter.as_ref().expect("present until consumed")
+    }
+
+    /// The lease the waiter's handle asks for, as the script argument.
+    fn ttl_arg(&self) -> &str {
+        &self.waiter().handle.shared.ttl_arg
+    }
+
     fn hand_over(mut self, fence: u64, sent: Instant, remaining: Duration) {
         let waiter = self.waiter.take().expect("present until consumed");
         let handed = HandedLock {
-            mutex: self.mutex.clone(),
+            // The guard is the waiter's: its handle's lease and options.
+            mutex: waiter.handle.clone(),
             token: Some(waiter.token.clone()),
             fence,
             sent,

@@ -24,8 +24,9 @@
 -- helpers included (see script/mod.rs), so that the common release pays for nothing
 -- more; the arguments only a hand-over needs travel as one. Otherwise the first live
 -- registered waiter (earliest deadline) of kind ' ' gets the lock with its own token
--- for claim_ms and a fresh fencing token, told by a message "g <id> <fence>" on the
--- channel: it holds the lock when it reads it, one hop after this release instead of a
+-- for claim_ms and a fresh fencing token, told by a message "g <id> <fence> <claim_ms>"
+-- on the channel (the claim is this releaser's, which the waiter's handle may not
+-- share): it holds the lock when it reads it, one hop after this release instead of a
 -- wake-up and an acquire. A first waiter of kind '!' (one that must acquire by itself)
 -- is woken with '1' instead, and the lock deleted. Dead registrations (past their
 -- deadline) are pruned first.
@@ -57,7 +58,7 @@ if waiter and string.sub(waiter, 17, 17) == ' ' then
   end
   redis.call('ZREM', KEYS[4], waiter)
   redis.call('SET', KEYS[1], string.sub(waiter, 18), 'PX', claim_ms)
-  redis.call(publish, channel, string.format('g %s %.0f', string.sub(waiter, 1, 16), fence))
+  redis.call(publish, channel, string.format('g %s %.0f %s', string.sub(waiter, 1, 16), fence, claim_ms))
   return 1
 end
 redis.call('UNLINK', KEYS[1])

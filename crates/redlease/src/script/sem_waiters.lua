@@ -10,7 +10,8 @@
 -- in force (one with another limit learns of it on its next attempt): it adds
 -- the waiter's permits for a claim window, issues a fencing token (a mark, not exposed:
 -- it tells a current hand-over from one made before the waiter's last attempt), and
--- tells it "g <id> <fence>" on its client's channel (<channel prefix><client id>). The
+-- tells it "g <id> <fence> <claim_ms>" on its client's channel (<channel prefix><client
+-- id>; the claim is the releaser's, which the waiter's handle may not share). The
 -- waiter holds the permits when it reads the message, without a request of its own, and
 -- its renewal extends them to its full lease. A waiter that died after registering holds
 -- its permits up for at most the claim window.
@@ -57,7 +58,7 @@ local function hand_out(permits, limit, waiters, counter, floor, limit_arg, pref
         add_permits(permits, string.sub(reg, 33, 64), count, string.format('%d', now + tonumber(claim)))
         redis.call('ZREM', waiters, reg)
         redis.call(publish, prefix .. string.sub(reg, 1, 16),
-          'g ' .. string.sub(reg, 1, 32) .. ' ' .. string.format('%d', fence))
+          'g ' .. string.sub(reg, 1, 32) .. ' ' .. string.format('%d', fence) .. ' ' .. claim)
         free = free - count
         given = given + count
       else
