@@ -499,3 +499,82 @@ async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
         "the other process waited for {waited_for} acquisitions"
     );
 }
+
+/// A queued task is picked for a hand-over whose reply is held back past the claim
+/// window after which a queued task looks at Redis itself. Picked, the task must wait
+/// for what the hand-over sends — not go to Redis with the token the permit is being
+/// moved to: the permit handed to a task that had gone would then be released under
+/// the task that acquired with that same token, and another would get it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_picked_for_a_slow_hand_over_waits_for_it() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let conn = raw(&server).await;
+    let c = client(&proxy.url()).await;
+    // A claim window of 1 s: a queued task looks at Redis itself after 1 s.
+    let sem = c
+        .semaphore_with(
+            "slow-hand-over",
+            1,
+            LeaseOptions::new().ttl(Duration::from_secs(1)),
+        )
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let old = format!("{}:1", held.token().expose());
+    let mut in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    until_waiters(&sem, 2).await;
+
+    proxy.hold_replies();
+    let release = tokio::spawn(held.release());
+    eventually(5.0, "the hand-over landed", || {
+        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
+        async move {
+            let m = members(&conn, &key).await;
+            m.len() == 1 && m[0] != old
+        }
+    })
+    .await;
+    // Past the claim window: the picked task must still be waiting for its hand-over.
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    proxy.release_replies();
+    let _ = within(10.0, "the release returns", release).await;
+    let got = within(10.0, "the queued task gets the permit", queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_held());
+    assert_eq!(
+        members(&conn, sem.key()).await,
+        vec![format!("{}:1", got.token().expose())],
+        "the permit is the queued task's"
+    );
+    // Nobody else holds the permit of a limit of 1 while the queued task holds it. (The
+    // task in Redis may come back with a lease that ran out while its reply was held
+    // back: not held.)
+    let other = tokio::time::timeout(Duration::from_millis(1500), &mut in_redis).await;
+    if let Ok(Ok(Ok(permit))) = &other {
+        assert!(
+            !(permit.is_held() && got.is_held()),
+            "the task in Redis and the queued task both hold the only permit"
+        );
+    }
+    assert_eq!(
+        members(&conn, sem.key()).await,
+        vec![format!("{}:1", got.token().expose())],
+        "the permit is still the queued task's"
+    );
+    assert!(got.is_held());
+    got.release().await.unwrap();
+    if other.is_err() {
+        let last = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
+        last.release().await.unwrap();
+    }
+}

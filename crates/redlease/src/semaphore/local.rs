@@ -238,27 +238,23 @@ impl Queued {
 }
 
 impl Queued {
-    /// Leaves the queue; returns what was sent before we left, if anything.
-    pub fn leave(mut self) -> Option<Handed> {
-        self.take_leave()
-    }
-
-    fn take_leave(&mut self) -> Option<Handed> {
-        self.local
-            .state
-            .lock()
-            .expect("local semaphore")
-            .queue
-            .retain(|w| w.id != self.id);
-        self.rx.close();
-        self.rx.try_recv().ok()
+    /// Leaves the queue, unless the task was picked already: then a hand-over onto its
+    /// token is under way (or a turn on its way), and it must wait for what is sent —
+    /// never use its token in Redis meanwhile (false).
+    pub fn leave(&mut self) -> bool {
+        let mut st = self.local.state.lock().expect("local semaphore");
+        let before = st.queue.len();
+        st.queue.retain(|w| w.id != self.id);
+        st.queue.len() != before
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
+        self.leave();
         // Anything sent before we left is passed on as it is dropped (outside the lock).
-        drop(self.take_leave());
+        self.rx.close();
+        drop(self.rx.try_recv());
     }
 }
 

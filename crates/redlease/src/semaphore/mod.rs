@@ -327,33 +327,38 @@ impl Semaphore {
             let look_again = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
             match s.local.enter(request, &token, self) {
                 Entry::Redis(in_redis) => Some(in_redis),
-                Entry::Queued(mut queued) => match queued.wait(look_again).await {
-                    Some(Handed::Permits(handed)) => match handed.if_reliable() {
-                        Some(permit) => {
-                            tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
-                            return Ok(permit);
+                Entry::Queued(mut queued) => {
+                    let mut bound = look_again;
+                    let mut picked = false;
+                    loop {
+                        match queued.wait(bound).await {
+                            Some(Handed::Permits(handed)) => match handed.if_reliable() {
+                                Some(permit) => {
+                                    tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
+                                    return Ok(permit);
+                                }
+                                // Taken up too late (the task was not polled): ask Redis,
+                                // with the token the permits were moved to.
+                                None => break Some(s.local.to_redis(request)),
+                            },
+                            Some(Handed::Turn(turn)) => break Some(turn.into_redis(&s.local, request)),
+                            None if picked || wait.deadline().passed() => {
+                                return Err(Error::Timeout {
+                                    name: s.base.name.to_string(),
+                                    waited: started.elapsed(),
+                                });
+                            }
+                            // Out of the queue: to Redis ourselves.
+                            None if queued.leave() => break Some(s.local.to_redis(request)),
+                            // Picked for a hand-over under way (onto our token: we must not
+                            // use it in Redis meanwhile): what it sends arrives.
+                            None => {
+                                picked = true;
+                                bound = wait.deadline();
+                            }
                         }
-                        // Taken up too late (the task was not polled): ask Redis, with
-                        // the token the permits were moved to.
-                        None => Some(s.local.to_redis(request)),
-                    },
-                    Some(Handed::Turn(turn)) => Some(turn.into_redis(&s.local, request)),
-                    None if wait.deadline().passed() => {
-                        return Err(Error::Timeout {
-                            name: s.base.name.to_string(),
-                            waited: started.elapsed(),
-                        });
                     }
-                    None => match queued.leave() {
-                        // Sent just as we looked away.
-                        Some(Handed::Permits(handed)) => match handed.if_reliable() {
-                            Some(permit) => return Ok(permit),
-                            None => Some(s.local.to_redis(request)),
-                        },
-                        Some(Handed::Turn(turn)) => Some(turn.into_redis(&s.local, request)),
-                        None => Some(s.local.to_redis(request)),
-                    },
-                },
+                }
             }
         } else {
             None
