@@ -1,0 +1,183 @@
+//! Review of 80c5f60 / 7015d7f (grant claim windows, the plain mutex's local queue
+//! with per-waiter handles and its claim-window escape, picked waiters).
+//! Each test asserts what a user would expect; it fails while the problem is there.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use redlease::LeaseOptions;
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Polls `fut` once (a lock() joins its client's local queue on its first poll; a
+/// release() picks its local waiter and sends the hand-over on its first poll).
+async fn poll_once<T>(fut: &mut Boxed<T>) {
+    let mut done = false;
+    std::future::poll_fn(|cx| {
+        if !done {
+            done = true;
+            assert!(fut.as_mut().poll(cx).is_pending(), "it must be pending");
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// A release by an older redlease (before 80c5f60) publishes "g <id> <fence>" without
+/// the claim field, after setting the lock to the waiter's token for *its* claim
+/// window (here 200 ms: a releaser whose lease is 200 ms). The new waiter trusts such
+/// a grant for its own window (2 s), so in a mixed fleet the two-holder bug 80c5f60
+/// fixed is still there: the key lapses after 200 ms and a third client takes it while
+/// the waiter's guard says held. (A grant without the field cannot be trusted beyond
+/// what it could have been: a round trip would confirm it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_from_an_older_releaser_without_a_claim_field_is_not_trusted_past_its_real_window() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let (a, b, c) = (
+        client(&server.url()).await,
+        client(&server.url()).await,
+        client(&server.url()).await,
+    );
+    let name = "old-grant";
+    let ten = LeaseOptions::new().ttl(Duration::from_secs(10));
+    let holder = a.mutex_with(name, ten).unwrap();
+    let long = b.mutex_with(name, ten).unwrap();
+    let third = c.mutex_with(name, ten).unwrap();
+    let held = holder.lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let long = long.clone();
+        async move { long.lock_timeout(Duration::from_secs(10)).await }
+    });
+    until_registered(&conn, holder.key(), 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The older releaser: today's release script with the old message (no claim field),
+    // its claim window 200 ms.
+    let token = held.forget();
+    let code = include_str!("../src/script/mutex_release.lua")
+        .replace("--[[mark.lua]]", include_str!("../src/script/mark.lua"))
+        .replace(
+            "string.format('g %s %.0f %s', string.sub(waiter, 1, 16), fence, claim_ms)",
+            "string.format('g %s %.0f', string.sub(waiter, 1, 16), fence)",
+        );
+    assert!(!code.contains("fence, claim_ms)"), "the old message format");
+    let key = holder.key().to_string();
+    let released: i64 = redis::cmd("EVAL")
+        .arg(&code)
+        .arg(4)
+        .arg(&key)
+        .arg("{redlease:fence}")
+        .arg("{redlease:fence}:floor")
+        .arg(format!("{{{key}}}:q"))
+        .arg(token.expose())
+        .arg("PUBLISH 200")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(released, 1, "handed over");
+    let granted = within(5.0, "the waiter is granted the lock", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        if !exists(&mut conn, long.key()).await && granted.is_held() {
+            let taken = third.try_lock().await;
+            assert!(
+                taken.is_err() || !granted.is_held(),
+                "two holders: the waiter granted by an older release trusts the grant for its \
+                 own window (valid for {:?} more) while another client took the lock, {:?} after \
+                 the grant",
+                granted.valid_until().saturating_duration_since(Instant::now()),
+                started.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Local arrival order: W1 queues behind the client's holder, gets neither a hand-over
+/// nor the turn within its claim window (1 s lease: 1 s) and leaves for Redis; W2 queues
+/// later. The holder's release hands the lock locally to W2 — the later arrival —
+/// while W1 waits in Redis ("tasks of one client that want the same lock line up here,
+/// in arrival order"). Before 80c5f60 W1 stayed in the queue and was served first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_left_the_queue_for_redis_is_not_overtaken_by_a_later_local_arrival() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with("order", LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let task = |who: &'static str| {
+        let (m, order) = (m.clone(), order.clone());
+        tokio::spawn(async move {
+            let g = m.lock_timeout(Duration::from_secs(10)).await.unwrap();
+            order.lock().unwrap().push(who);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.unwrap();
+        })
+    };
+    let w1 = task("W1 (first)");
+    // W1 leaves the local queue after its claim window and registers in Redis.
+    until_registered(&conn, m.key(), 1).await;
+    let w2 = task("W2 (later)");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    within(10.0, "W1", w1).await.unwrap();
+    within(10.0, "W2", w2).await.unwrap();
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        vec!["W1 (first)", "W2 (later)"],
+        "the later local arrival got the lock first"
+    );
+}
+
+/// A release() future that is polled once (it picked its local waiter and sent the
+/// hand-over) and then left alone. The hand-over lands: the lock is on the waiter's
+/// token, with nobody to renew it, and lapses after the waiter's 1 s lease. The picked
+/// waiter now waits for the releasing future only (`picked`: bound = its own
+/// deadline), although the local docs say a queued task that gets neither a hand-over
+/// nor the turn within a claim window goes to Redis itself: it times out with the lock
+/// free in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with("unpolled-release", LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let mut waiting: Boxed<_> = Box::pin({
+        let m = m.clone();
+        async move { m.lock_timeout(Duration::from_secs(6)).await }
+    });
+    poll_once(&mut waiting).await;
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { (waiting.await, started.elapsed()) });
+    let mut releasing: Boxed<_> = Box::pin(held.release());
+    poll_once(&mut releasing).await;
+    // The hand-over lands on the waiter's token (nobody polls the release any more).
+    let (result, waited) = within(10.0, "the picked waiter", waiter).await.unwrap();
+    match result {
+        Ok(guard) => {
+            assert!(guard.is_held());
+            assert_eq!(get(&mut conn, m.key()).await.as_deref(), Some(guard.token().expose()));
+        }
+        Err(e) => panic!(
+            "the waiter picked by a release future that is no longer polled never got the \
+             lock, free in Redis since ~1 s: {e} after {waited:?} (key now: {:?})",
+            get(&mut conn, m.key()).await
+        ),
+    }
+    drop(releasing);
+}
