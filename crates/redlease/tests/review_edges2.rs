@@ -181,3 +181,64 @@ async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
     }
     drop(releasing);
 }
+
+/// The semaphore's form of the above (7015d7f). A release() future polled once picks
+/// the queued task and moves the permit onto its token, then is left alone. The permit
+/// lapses after the queued task's 1 s lease; the client's task in Redis takes it and
+/// gives it back. The picked task waits only for the unpolled release, never for Redis
+/// ("after the claim window of a hand-over (at most 2 s) without a hand-over, a queued
+/// task leaves the queue and goes to Redis itself — so a permit ... handed to a waiter
+/// whose task is not being polled ... is found by a queued task within the same
+/// window"): it is stuck while the permit is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c
+        .semaphore_with("sem-unpolled-release", 1, LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let waiters = format!("{{{}}}:waiters", sem.key());
+    let held = sem.acquire().await.unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move {
+            let p = sem.acquire_timeout(Duration::from_secs(8)).await?;
+            p.release().await
+        }
+    });
+    eventually(5.0, "the first task registered in Redis", || {
+        let (mut conn, waiters) = (conn.clone(), waiters.clone());
+        async move {
+            let n: u64 = redis::cmd("ZCARD").arg(&waiters).query_async(&mut conn).await.unwrap();
+            n == 1
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire_timeout(Duration::from_secs(8)).await }
+    });
+    eventually(5.0, "2 waiters", || {
+        let sem = sem.clone();
+        async move { sem.status().await.unwrap().waiters == 2 }
+    })
+    .await;
+    let mut releasing: Boxed<_> = Box::pin(held.release());
+    poll_once(&mut releasing).await;
+    within(10.0, "the task in Redis gets the lapsed permit and gives it back", in_redis)
+        .await
+        .unwrap()
+        .unwrap();
+    let released = Instant::now();
+    match within(10.0, "the picked task", queued).await.unwrap() {
+        Ok(p) => assert!(p.is_held()),
+        Err(e) => panic!(
+            "the task picked by a release future that is no longer polled never got the \
+             permit, free in Redis for {:?}: {e}",
+            released.elapsed()
+        ),
+    }
+    drop(releasing);
+}
