@@ -242,3 +242,30 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     }
     drop(releasing);
 }
+
+/// "The timeout error says how long the task waited" (80c5f60): a task that waited in
+/// the local queue, then went to Redis (after its claim window, or with the turn), times
+/// out in the engine, whose `waited` counts only the Redis part (the engine's own
+/// start): a 3 s `lock_timeout` reports about 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_the_local_queue_reports_the_whole_wait() {
+    let server = server();
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with("waited", LeaseOptions::new().ttl(Duration::from_secs(10)))
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let started = Instant::now();
+    let err = within(10.0, "the waiter times out", m.lock_timeout(Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    match err {
+        redlease::Error::Timeout { waited, .. } => assert!(
+            waited + Duration::from_millis(200) >= elapsed,
+            "the call waited {elapsed:?}; the error says {waited:?}"
+        ),
+        e => panic!("unexpected: {e:?}"),
+    }
+    held.release().await.unwrap();
+}
