@@ -269,3 +269,44 @@ async fn a_timeout_after_the_local_queue_reports_the_whole_wait() {
     }
     held.release().await.unwrap();
 }
+
+/// The lock is handed to a queued task whose future is alive but not polled; the
+/// hand-over carries the client's turn, so `busy` stays true for as long as that future
+/// lives — although the hand-over lapsed in Redis long ago. Every later acquisition of
+/// the client is then treated as queued behind a local holder: `try_lock()` says
+/// `Contended` on a free lock, and `lock()` waits a full claim window (here 1 s) before
+/// it looks at Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_hand_over_to_an_unpolled_task_does_not_wedge_the_client() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with("wedged", LeaseOptions::new().ttl(Duration::from_secs(1)))
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let mut unpolled: Boxed<_> = Box::pin({
+        let m = m.clone();
+        async move { m.lock().await }
+    });
+    poll_once(&mut unpolled).await;
+    held.release().await.unwrap();
+    // Handed to the unpolled task, renewed by nobody: gone from Redis after 1 s.
+    eventually(5.0, "the hand-over lapsed", || {
+        let (mut conn, key) = (conn.clone(), m.key().to_owned());
+        async move { !exists(&mut conn, &key).await }
+    })
+    .await;
+    assert!(!exists(&mut conn, m.key()).await);
+    let tried = m.try_lock().await;
+    let started = Instant::now();
+    let locked = within(5.0, "lock() on a free lock", m.lock()).await;
+    let took = started.elapsed();
+    assert!(
+        tried.is_ok() && locked.is_ok() && took < Duration::from_millis(500),
+        "on a lock free in Redis: try_lock() = {:?}; lock() = {:?} after {took:?}",
+        tried.map(|g| g.fence()),
+        locked.as_ref().map(|g| g.fence())
+    );
+    drop(unpolled);
+}
