@@ -310,3 +310,43 @@ async fn a_lapsed_hand_over_to_an_unpolled_task_does_not_wedge_the_client() {
     );
     drop(unpolled);
 }
+
+/// "One of them at a time — the representative — acquires through Redis (and waits for
+/// wake-ups there); the others wait for their turn" (mutex/local.rs). Behind a local
+/// holder that keeps the lock longer than a claim window (2 s), every queued task now
+/// leaves the queue and registers in Redis on its own: 8 tasks of one client, 8
+/// registrations (each re-attempting at least once per lease), and each served by Redis
+/// grants from then on rather than by local hand-overs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_queued_behind_a_long_local_holder_stay_in_the_local_queue() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with("one-at-a-time", LeaseOptions::new().ttl(Duration::from_secs(10)))
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                let g = m.lock_timeout(Duration::from_secs(20)).await.unwrap();
+                g.release().await.unwrap();
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let registered: i64 = redis::cmd("ZCARD")
+        .arg(format!("{{{}}}:q", m.key()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    for t in tasks {
+        within(20.0, "a queued task", t).await.unwrap();
+    }
+    assert!(
+        registered <= 1,
+        "{registered} tasks of one client registered in Redis behind the client's own holder"
+    );
+}
