@@ -438,17 +438,18 @@ impl LockBase {
             move |details: String| async move {
                 // "<fence> <claim_ms>": the claim window is the releaser's, which may
                 // be shorter than ours (its handle's lease is). A message without one
-                // (an older release) is trusted for our own window.
+                // (from an older redlease) is not relied on: the attempt below confirms
+                // it in one round trip.
                 let mut fields = details.split(' ');
-                let Some(fence) = fields.next().and_then(|f| f.parse::<u64>().ok()) else {
+                let (Some(fence), Some(claim_ms)) = (
+                    fields.next().and_then(|f| f.parse::<u64>().ok()),
+                    fields.next().and_then(|c| c.parse::<u64>().ok()),
+                ) else {
                     return Ok(None);
                 };
-                let own = claim_window.unwrap_or_default();
-                let claim = match fields.next().map(str::parse::<u64>) {
-                    Some(Ok(ms)) => own.min(Duration::from_millis(ms)),
-                    Some(Err(_)) => return Ok(None),
-                    None => own,
-                };
+                let claim = claim_window
+                    .unwrap_or_default()
+                    .min(Duration::from_millis(claim_ms));
                 let busy = *last_busy_ref.lock().expect("last busy");
                 // Relied on without a round trip only when the grant is known to have been
                 // made after the last attempt that found the lock busy: then the lock was

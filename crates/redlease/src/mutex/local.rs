@@ -13,10 +13,12 @@
 //! lease. When the local holder's lease is lost — it ran out, or the lock was found
 //! gone — its turn is revoked and passed on at once (the lease calls back; the renewal
 //! task looks at every lease by its `valid_until`), so the next task goes to Redis
-//! instead of waiting for a guard that may live on long after its lease. And a waiter
-//! that got neither a hand-over nor the turn within a claim window (a lock handed to a
-//! task that does not take it up has no lease yet to revoke) leaves the queue and goes
-//! to Redis itself.
+//! instead of waiting for a guard that may live on long after its lease. A lock handed
+//! to a task that does not take it up (its future is not polled) has no lease yet: the
+//! hand-over's own expiry in Redis stands for it, and once it has passed, the next task
+//! that enters, or a queued task looking every claim window, revokes the turn. A task
+//! picked for a hand-over that does not come within a claim window (the releasing task
+//! stalled) goes to Redis with a fresh token and no turn.
 //!
 //! A hand-over gives the waiter the lease its own handle asks for (several handles of
 //! one lock, with different leases, share the queue); a waiter whose handle has a
@@ -76,6 +78,9 @@ struct State<L, H> {
     turn: u64,
     /// The lease of the local holder, while one holds the lock.
     holder: Option<Lease>,
+    /// The lock was handed over to a waiter that has not taken it up yet: it holds in
+    /// Redis until then, and not after (the turn is revoked if it is not taken up).
+    handed_until: Option<tokio::time::Instant>,
     queue: VecDeque<Waiter<L, H>>,
     /// Hand-overs since the lock last came through Redis.
     streak: u32,
@@ -95,6 +100,7 @@ impl<L, H> Default for LocalLock<L, H> {
                 busy: false,
                 turn: 0,
                 holder: None,
+                handed_until: None,
                 queue: VecDeque::new(),
                 streak: 0,
                 next_id: 0,
@@ -142,6 +148,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             let _ = lease.is_held();
         }
         let mut st = self.state.lock().expect("local lock");
+        self.revoke_if_not_taken_up(&mut st);
         if !st.busy {
             st.busy = true;
             return Entry::Representative(Turn::new(self.clone(), st.turn));
@@ -159,6 +166,16 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             tx,
         });
         Entry::Queued(Queued { id, rx })
+    }
+
+    /// Whether waiter `id` is still in the queue (not picked for a hand-over or a turn).
+    pub fn is_queued(&self, id: u64) -> bool {
+        self.state
+            .lock()
+            .expect("local lock")
+            .queue
+            .iter()
+            .any(|w| w.id == id)
     }
 
     /// Leaves the queue (a waiter that gives up). False if it was already picked.
@@ -179,6 +196,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             return;
         }
         st.holder = Some(lease.clone());
+        st.handed_until = None;
         drop(st);
         let local = Arc::downgrade(self);
         let number = turn.number;
@@ -217,6 +235,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     fn revoke_locked(self: &Arc<Self>, st: &mut State<L, H>) {
         st.turn += 1;
         st.holder = None;
+        st.handed_until = None;
         st.streak = 0;
         // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         while let Some(waiter) = st.queue.pop_front() {
@@ -252,6 +271,35 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         None
     }
 
+    /// The lock was handed over under `turn` to a waiter, in Redis until `until`: if the
+    /// waiter has not taken it up by then (its task is not being polled), the turn is
+    /// revoked — by the next task that enters or looks (see [`look`](Self::look)) — so
+    /// that the queue does not wait for it.
+    pub fn handed_over(&self, turn: &Turn, until: tokio::time::Instant) {
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn == turn.number {
+            st.handed_until = Some(until);
+        }
+    }
+
+    /// A queued task looks whether the lock was handed to a waiter that has not taken
+    /// it up in time; if so the turn is revoked and passed on.
+    pub fn look(self: &Arc<Self>) {
+        let mut st = self.state.lock().expect("local lock");
+        self.revoke_if_not_taken_up(&mut st);
+    }
+
+    fn revoke_if_not_taken_up(self: &Arc<Self>, st: &mut State<L, H>) {
+        if st
+            .handed_until
+            .is_some_and(|until| tokio::time::Instant::now() >= until)
+            && st.busy
+        {
+            tracing::debug!("a local hand-over was not taken up in time; the turn passes on");
+            self.revoke_locked(st);
+        }
+    }
+
     /// The lock came through Redis: the hand-over budget starts again.
     pub fn acquired_through_redis(&self) {
         self.state.lock().expect("local lock").streak = 0;
@@ -264,6 +312,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             return; // revoked: already passed on
         }
         st.holder = None;
+        st.handed_until = None;
         while let Some(waiter) = st.queue.pop_front() {
             match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
                 Ok(()) => return,

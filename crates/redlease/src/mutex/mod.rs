@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::engine::acquire::{Acquire, Busy, Granted, Reply, grant_claim, register_life, still_reliable};
 use crate::engine::context::Context;
-use crate::engine::deadline::{Deadline, Wait};
+use crate::engine::deadline::{Deadline, Wait, later};
 use crate::engine::guard::{GuardCore, Held, LockBase, guard_surface};
 use crate::engine::heartbeat::waiter_id;
 use crate::engine::metrics::{AcquireCall, Handover, Primitive, handed_over};
@@ -227,7 +227,7 @@ impl Mutex {
 
     async fn acquire_uncounted(&self, wait: Wait) -> Result<MutexGuard> {
         let s = &*self.shared;
-        let token = Token::for_owner(&s.base.ctx.label);
+        let mut token = Token::for_owner(&s.base.ctx.label);
         let started = Instant::now();
         // Tasks of this client queue locally behind the local holder; one at a time
         // goes to Redis. A hand-over gives a waiter the lease its own handle asks for.
@@ -245,13 +245,14 @@ impl Mutex {
             }
             Entry::Representative(turn) => Some(turn),
             Entry::Queued(mut queued) => {
-                // Waits for a hand-over or the turn — but looks at Redis itself after a
-                // claim window without either: the lock may have been handed to a task
-                // of this client that does not take it up (its future is not polled),
-                // and lapsed in Redis with nobody told.
-                let mut bound = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
+                // Waits for a hand-over or the turn — and looks every claim window
+                // whether the lock was handed to a task of this client that has not
+                // taken it up (its future is not polled) and lapsed in Redis: the turn
+                // is then revoked and passed on.
+                let claim = grant_claim(s.base.options.ttl);
                 let mut picked = false;
                 loop {
+                    let bound = Deadline::after(claim).min(wait.deadline());
                     match s.local.wait(&mut queued, bound).await {
                         Some(Handed::Lock(handed)) => match handed.if_reliable() {
                             Ok(guard) => {
@@ -263,7 +264,7 @@ impl Mutex {
                             Err(turn) => break Some(turn),
                         },
                         Some(Handed::Turn(turn)) => break Some(turn),
-                        None if picked || wait.deadline().passed() => {
+                        None if wait.deadline().passed() => {
                             // Gave up: leave the queue. Whatever was sent meanwhile is
                             // dropped with `queued`, which passes it on (a turn) or
                             // releases it (a lock).
@@ -273,12 +274,19 @@ impl Mutex {
                                 waited: started.elapsed(),
                             });
                         }
-                        // Out of the queue: to Redis, without a turn.
-                        None if s.local.leave(queued.id) => break None,
-                        // Picked for a hand-over under way: what it sends arrives.
                         None => {
-                            picked = true;
-                            bound = wait.deadline();
+                            s.local.look();
+                            // Picked for a hand-over under way onto our token, and still
+                            // nothing a claim window later: the releasing task has
+                            // stalled (its future is not polled). To Redis with a fresh
+                            // token and no turn; a hand-over that still lands on the old
+                            // token comes to nobody here, and is released.
+                            if picked && !s.local.is_queued(queued.id) {
+                                drop(queued);
+                                token = Token::for_owner(&s.base.ctx.label);
+                                break None;
+                            }
+                            picked = !s.local.is_queued(queued.id);
                         }
                     }
                 }
@@ -816,6 +824,10 @@ impl Popped {
 
     fn hand_over(mut self, fence: u64, sent: Instant, remaining: Duration) {
         let waiter = self.waiter.take().expect("present until consumed");
+        if let Some(turn) = &self.turn {
+            // Until the waiter takes it up; if it does not in time, its turn is revoked.
+            self.mutex.shared.local.handed_over(turn, later(sent, remaining));
+        }
         let handed = HandedLock {
             // The guard is the waiter's: its handle's lease and options.
             mutex: waiter.handle.clone(),

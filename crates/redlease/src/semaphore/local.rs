@@ -21,7 +21,11 @@
 //! 2 s) without a hand-over, a queued task leaves the queue and goes to Redis itself —
 //! so a permit freed without anyone being told (freed under another limit, or handed to
 //! a waiter whose task is not being polled, which lapses after that window) is found by
-//! a queued task within the same window as by a waiter in Redis.
+//! a queued task within the same window as by a waiter in Redis. A task already picked
+//! for a hand-over waits for it — its token is being handed permits, and must not be
+//! used in Redis meanwhile — for one more claim window; if the releasing task stalled
+//! that long, it goes to Redis with a fresh token (what the hand-over may still move
+//! onto the old one comes to nobody, and is released).
 //!
 //! Everything handed around is drop-safe: a [`Turn`] dropped unused passes itself on; a
 //! queued task that gives up leaves the queue, and what was sent to it meanwhile is

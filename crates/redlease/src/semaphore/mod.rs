@@ -312,7 +312,7 @@ impl Semaphore {
     async fn acquire_uncounted(&self, n: u32, wait: Wait) -> Result<Permit> {
         self.check_count(n)?;
         let s = &*self.shared;
-        let token = Token::generate();
+        let mut token = Token::generate();
         let request = Request {
             permits: n,
             limit: s.limit,
@@ -342,19 +342,29 @@ impl Semaphore {
                                 None => break Some(s.local.to_redis(request)),
                             },
                             Some(Handed::Turn(turn)) => break Some(turn.into_redis(&s.local, request)),
-                            None if picked || wait.deadline().passed() => {
+                            None if wait.deadline().passed() => {
                                 return Err(Error::Timeout {
                                     name: s.base.name.to_string(),
                                     waited: started.elapsed(),
                                 });
                             }
                             // Out of the queue: to Redis ourselves.
-                            None if queued.leave() => break Some(s.local.to_redis(request)),
-                            // Picked for a hand-over under way (onto our token: we must not
-                            // use it in Redis meanwhile): what it sends arrives.
-                            None => {
+                            None if !picked && queued.leave() => break Some(s.local.to_redis(request)),
+                            // Picked for a hand-over under way onto our token — which we
+                            // must not use in Redis meanwhile: what it sends arrives,
+                            // normally within a round trip.
+                            None if !picked => {
                                 picked = true;
-                                bound = wait.deadline();
+                                bound = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
+                            }
+                            // Still nothing a claim window later: the releasing task has
+                            // stalled (its future is not polled). To Redis with a fresh
+                            // token; permits the hand-over may still move onto the old
+                            // one come to nobody here, and are released.
+                            None => {
+                                drop(queued);
+                                token = Token::generate();
+                                break Some(s.local.to_redis(request));
                             }
                         }
                     }
