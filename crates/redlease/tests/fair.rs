@@ -126,7 +126,11 @@ async fn twenty_four_waiters_are_served_exactly_in_arrival_order() {
     let handed: Vec<(String, u64)> = wakes
         .iter()
         .map(|m| match m.split([' ', '|']).collect::<Vec<_>>()[..] {
-            [client, "g", id, fence] => {
+            [client, "g", id, fence, ms] => {
+                assert!(
+                    ms.parse::<u64>().is_ok_and(|ms| ms > 0),
+                    "how long the lock is set for: {m:?}"
+                );
                 assert!(id.starts_with(client), "told on another client's channel: {m:?}");
                 (id.to_owned(), fence.parse().expect("a fence"))
             }

@@ -12,8 +12,9 @@
 --
 -- The lock is never left free while a live waiter is queued: whoever frees it (a
 -- release, a waiter leaving) or finds it free (an acquire) hands it to the first live
--- waiter — sets the lock to that waiter's token and tells it, "g <id> <fence>", on its
--- client's channel (<channel prefix><client id>: each client listens on its own, so
+-- waiter — sets the lock to that waiter's token and tells it, "g <id> <fence> <ms>" (ms:
+-- how long the lock is set for), on its client's channel (<channel prefix><client id>:
+-- each client listens on its own, so
 -- a hand-over reaches one process). The waiter holds the lock when it reads the
 -- message, without a round trip of its own. Dead entries are dropped when they come to the head; the
 -- lock handed to a waiter lasts until that waiter's own deadline, so one that died
@@ -64,6 +65,7 @@ local function hand_over(lock, queue, alive, counter, floor, prefix, publish, me
   redis.call('SET', lock, string.sub(member, 33), 'PX', string.format('%d', math.max(deadline - now, 1)))
   -- (Fencing tokens are integers below 2^53: '%d' prints them exactly, and faster
   -- than the '%.17g' a number argument would be printed with.)
-  tell(prefix, publish, member, string.format('%d', fence))
+  -- With what the waiter may rely on: until its deadline, as the lock's PX says.
+  tell(prefix, publish, member, string.format('%d %d', fence, math.max(deadline - now, 1)))
   return nil
 end
