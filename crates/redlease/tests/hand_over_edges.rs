@@ -27,25 +27,6 @@ async fn poll_until(fut: &mut Locking, until: impl Future<Output = ()>) {
     }
 }
 
-/// Polls `fut` once (a lock() joins its client's local queue on its first poll).
-async fn poll_once<T>(fut: &mut Pin<Box<dyn Future<Output = T> + Send>>) {
-    let mut cx_done = false;
-    std::future::poll_fn(|cx| {
-        if !cx_done {
-            cx_done = true;
-            assert!(fut.as_mut().poll(cx).is_pending(), "busy: it must wait");
-        }
-        std::task::Poll::Ready(())
-    })
-    .await;
-}
-
-/// A release by a holder with a short lease grants the lock to a waiter of another
-/// process whose handle has a long lease. The release script sets the lock to the
-/// waiter's token for the *releaser's* claim window (`grant_claim(releaser ttl)`, here
-/// 200 ms), but the waiter relies on the grant for *its own* claim window
-/// (`grant_claim(waiter ttl)`, 2 s) and renews only after a third of that. In between
-/// the key is gone from Redis and a third client takes the lock: two holders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_is_not_relied_on_past_the_claim_window_the_releaser_set() {
     let server = server();

@@ -4,29 +4,11 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use redlease::LeaseOptions;
-
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// Polls `fut` once (a lock() joins its client's local queue on its first poll; a
-/// release() picks its local waiter and sends the hand-over on its first poll).
-async fn poll_once<T>(fut: &mut Boxed<T>) {
-    let mut done = false;
-    std::future::poll_fn(|cx| {
-        if !done {
-            done = true;
-            assert!(fut.as_mut().poll(cx).is_pending(), "it must be pending");
-        }
-        std::task::Poll::Ready(())
-    })
-    .await;
-}
 
 /// A release by an older redlease publishes "g <id> <fence>" without the claim field,
 /// after setting the lock to the waiter's token for *its* claim window (here 200 ms: a

@@ -12,14 +12,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlease::LeaseOptions;
 
-async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD").arg(key).query_async(conn).await.unwrap()
-}
-
-fn waiters_key(sem: &redlease::Semaphore) -> String {
-    format!("{{{}}}:waiters", sem.key())
-}
-
 /// Starts a task of `sem`'s client that wants `n` permits and waits in Redis for them:
 /// returns once it registered there and its client read the busy answer (it subscribed
 /// to its client's wake-up channel, which a waiter does only after a busy answer).
@@ -32,20 +24,7 @@ async fn park_in_redis(
         let sem = sem.clone();
         async move { sem.acquire_many(n).await }
     });
-    let (waiters, channels) = (waiters_key(sem), format!("{{{}}}:wake:*", sem.key()));
-    eventually(5.0, "a waiter registered and subscribed", || {
-        let (mut conn, waiters, channels) = (conn.clone(), waiters.clone(), channels.clone());
-        async move {
-            let subscribed: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg(&channels)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            zcard(&mut conn, &waiters).await == 1 && !subscribed.is_empty()
-        }
-    })
-    .await;
+    registered_and_subscribed(conn, sem, 1).await;
     task
 }
 

@@ -13,25 +13,6 @@ use redlease::LeaseOptions;
 
 type Acquiring = Pin<Box<dyn Future<Output = redlease::Result<redlease::Permit>> + Send>>;
 
-async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
-    redis::cmd("ZCARD").arg(key).query_async(conn).await.unwrap()
-}
-
-fn waiters_key(sem: &redlease::Semaphore) -> String {
-    format!("{{{}}}:waiters", sem.key())
-}
-
-async fn members(conn: &redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
-    let mut conn = conn.clone();
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
 fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
     let sem = sem.clone();
     Box::pin(async move { sem.acquire().await })
@@ -44,29 +25,6 @@ async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
         _ = until => {}
         r = fut.as_mut() => panic!("the acquisition finished early: {:?}", r.map(|p| p.permits())),
     }
-}
-
-/// `n` registrations in Redis, and the client subscribed to its wake-up channel (a
-/// waiter does that only after a busy answer, i.e. once it counts as waiting in Redis).
-async fn registered_and_subscribed(
-    conn: &redis::aio::MultiplexedConnection,
-    sem: &redlease::Semaphore,
-    n: u64,
-) {
-    let (waiters, channels) = (waiters_key(sem), format!("{{{}}}:wake:*", sem.key()));
-    eventually(5.0, "a waiter registered and subscribed", || {
-        let (mut conn, waiters, channels) = (conn.clone(), waiters.clone(), channels.clone());
-        async move {
-            let subscribed: Vec<String> = redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .arg(&channels)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            zcard(&mut conn, &waiters).await == n && !subscribed.is_empty()
-        }
-    })
-    .await;
 }
 
 async fn until_waiters(sem: &redlease::Semaphore, n: u64) {

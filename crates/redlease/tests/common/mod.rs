@@ -152,3 +152,65 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx]
 }
+
+/// A future kept alive and polled by hand (to leave it unpolled for a while).
+pub type Boxed<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Polls `fut` once, which must leave it pending (a lock() joins its client's local
+/// queue on its first poll; a release() picks its local waiter and sends the hand-over).
+pub async fn poll_once<T>(fut: &mut Boxed<T>) {
+    let mut done = false;
+    std::future::poll_fn(|cx| {
+        if !done {
+            done = true;
+            assert!(fut.as_mut().poll(cx).is_pending(), "it must be pending");
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+pub async fn zcard(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
+    redis::cmd("ZCARD").arg(key).query_async(conn).await.unwrap()
+}
+
+/// Every member of the sorted set at `key`, lowest score first.
+pub async fn members(conn: &redis::aio::MultiplexedConnection, key: &str) -> Vec<String> {
+    let mut conn = conn.clone();
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The semaphore's registrations in Redis.
+pub fn waiters_key(sem: &redlease::Semaphore) -> String {
+    format!("{{{}}}:waiters", sem.key())
+}
+
+/// Waits (at most 5 s) until `n` waiters are registered on semaphore `sem` and its
+/// client subscribed to its wake-up channel — which a waiter does only after a busy
+/// answer, i.e. once it counts as waiting in Redis.
+pub async fn registered_and_subscribed(
+    conn: &redis::aio::MultiplexedConnection,
+    sem: &redlease::Semaphore,
+    n: u64,
+) {
+    let (waiters, channels) = (waiters_key(sem), format!("{{{}}}:wake:*", sem.key()));
+    eventually(5.0, "waiters registered and subscribed", || {
+        let (mut conn, waiters, channels) = (conn.clone(), waiters.clone(), channels.clone());
+        async move {
+            let subscribed: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(&channels)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            zcard(&mut conn, &waiters).await == n && !subscribed.is_empty()
+        }
+    })
+    .await;
+}
