@@ -6,7 +6,7 @@ mod common;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use redlease::LeaseOptions;
@@ -535,4 +535,42 @@ async fn a_task_picked_for_a_slow_hand_over_waits_for_it() {
         let last = within(5.0, "the task in Redis", in_redis).await.unwrap().unwrap();
         last.release().await.unwrap();
     }
+}
+
+/// A task that waited in its client's queue, then went on to Redis and timed out there,
+/// reports the whole wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_the_local_queue_reports_the_whole_wait() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c.semaphore("waited", 1).unwrap();
+    let held = sem.acquire().await.unwrap();
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(&conn, &sem, 1).await;
+    // Queued behind the task in Redis; after a claim window (2 s) it goes on to Redis,
+    // where it times out.
+    let started = Instant::now();
+    let err = within(10.0, "the timeout", sem.acquire_timeout(Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    match err {
+        redlease::Error::Timeout { waited, .. } => assert!(
+            waited + Duration::from_millis(200) >= elapsed,
+            "the call waited {elapsed:?}; the error says {waited:?}"
+        ),
+        e => panic!("unexpected: {e:?}"),
+    }
+    held.release().await.unwrap();
+    within(5.0, "the task in Redis", in_redis)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }

@@ -320,8 +320,8 @@ impl Semaphore {
         // Behind a task of this client that waits in Redis for the same request, wait
         // in the client. (A hand-over skips the replica acknowledgement of an acquire:
         // under a replica policy every acquisition goes through Redis.)
+        let started = Instant::now();
         let in_redis = if wait.waits() && s.base.options.replica_ack.is_none() {
-            let started = Instant::now();
             // A queued task looks at Redis itself after a claim window without a
             // hand-over (see `local`).
             let look_again = Deadline::after(grant_claim(s.base.options.ttl)).min(wait.deadline());
@@ -375,7 +375,15 @@ impl Semaphore {
         };
         let core = self
             .acquire_through_redis(n, token, wait, in_redis.as_ref())
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // The whole wait, the local queue's part included.
+                Error::Timeout { name, .. } => Error::Timeout {
+                    name,
+                    waited: started.elapsed(),
+                },
+                e => e,
+            })?;
         tracing::debug!(semaphore = %s.base.name, permits = n, "permits acquired");
         Ok(self.permit(core, n))
     }
