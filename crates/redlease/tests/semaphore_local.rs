@@ -360,6 +360,25 @@ async fn a_hand_over_of_permits_already_gone_sends_the_task_to_redis() {
 /// tasks of a busy client keep handing it to each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_hand_overs_leave_other_processes_their_turn() {
+    other_process_gets_a_permit_from_a_busy_client("shared", LeaseOptions::new()).await;
+}
+
+/// After 16 local hand-overs a permit goes back through Redis, to the registration with
+/// the earliest deadline — its last attempt plus the registration's life. A waiter of
+/// another process whose handle has a longer lease (120 s, against the busy client's
+/// 30 s) must still get its turn (when the life grew with the lease, it never came
+/// first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
+    let long = LeaseOptions::new().ttl(Duration::from_secs(120));
+    other_process_gets_a_permit_from_a_busy_client("long-lease", long).await;
+}
+
+/// Four tasks of a busy client take and give back permit `name` (a limit of 1) in a
+/// loop; a waiter of another client, with `options`, must get a permit within 10 s and
+/// within one budget of local hand-overs and the round through Redis that follows,
+/// twice (it may register just after a round).
+async fn other_process_gets_a_permit_from_a_busy_client(name: &str, options: LeaseOptions) {
     let server = server();
     let busy = client(&server.url()).await;
     let other = client(&server.url()).await;
@@ -367,7 +386,7 @@ async fn local_hand_overs_leave_other_processes_their_turn() {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..4 {
-        let sem = busy.semaphore("shared", 1).unwrap();
+        let sem = busy.semaphore(name, 1).unwrap();
         let (acquisitions, stop) = (acquisitions.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
@@ -383,15 +402,15 @@ async fn local_hand_overs_leave_other_processes_their_turn() {
     })
     .await;
     let at = acquisitions.load(Ordering::SeqCst);
-    let permit = within(
-        10.0,
-        "the other process gets a permit",
-        other.semaphore("shared", 1).unwrap().acquire(),
-    )
-    .await
-    .unwrap();
+    let sem = other.semaphore_with(name, 1, options).unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), sem.acquire()).await;
     let waited_for = acquisitions.load(Ordering::SeqCst) - at;
     stop.store(true, Ordering::SeqCst);
+    let permit = got
+        .unwrap_or_else(|_| {
+            panic!("the other process got no permit in 10 s ({waited_for} local acquisitions)")
+        })
+        .unwrap();
     permit.release().await.unwrap();
     within(10.0, "the busy client's tasks stop", async {
         for t in tasks {
@@ -399,8 +418,6 @@ async fn local_hand_overs_leave_other_processes_their_turn() {
         }
     })
     .await;
-    // At most one budget of local hand-overs (16) and the round through Redis that
-    // follows, twice (the other waiter may register just after a round).
     assert!(
         waited_for <= 40,
         "the other process waited for {waited_for} acquisitions"

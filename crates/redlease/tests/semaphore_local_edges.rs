@@ -35,6 +35,44 @@ async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
     .await;
 }
 
+/// With a task of `sem`'s client waiting in Redis and another queued behind it, releases
+/// `held` (a permit of that client, whose connection goes through `proxy`) while the
+/// proxy holds every reply back; returns once the hand-over to the queued task landed
+/// in Redis: the task in Redis, the queued task and the release.
+async fn hand_over_with_replies_held(
+    conn: &redis::aio::MultiplexedConnection,
+    proxy: &Proxy,
+    sem: &redlease::Semaphore,
+    held: redlease::Permit,
+) -> (
+    tokio::task::JoinHandle<redlease::Result<redlease::Permit>>,
+    tokio::task::JoinHandle<redlease::Result<redlease::Permit>>,
+    tokio::task::JoinHandle<redlease::Result<()>>,
+) {
+    let old = format!("{}:1", held.token().expose());
+    let in_redis = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    registered_and_subscribed(conn, sem, 1).await;
+    let queued = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    until_waiters(sem, 2).await;
+    proxy.hold_replies();
+    let release = tokio::spawn(held.release());
+    eventually(5.0, "the hand-over landed", || {
+        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
+        async move {
+            let m = members(&conn, &key).await;
+            m.len() == 1 && m[0] != old
+        }
+    })
+    .await;
+    (in_redis, queued, release)
+}
+
 /// A task queued in its client whose future is not polled for a while (it sits in a
 /// `select!` branch, say) is handed the permit by a local release. Nobody renews the
 /// handed permit until the task is polled: it lapses, and another task takes it. When
@@ -133,28 +171,7 @@ async fn a_queued_task_cancelled_during_its_hand_over_leaves_the_permit_to_the_n
     let c = client(&proxy.url()).await;
     let sem = c.semaphore("cancel-handed", 1).unwrap();
     let held = sem.acquire().await.unwrap();
-    let old = format!("{}:1", held.token().expose());
-    let in_redis = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    registered_and_subscribed(&conn, &sem, 1).await;
-    let queued = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    until_waiters(&sem, 2).await;
-
-    proxy.hold_replies();
-    let release = tokio::spawn(held.release());
-    eventually(5.0, "the hand-over landed", || {
-        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
-        async move {
-            let m = members(&conn, &key).await;
-            m.len() == 1 && m[0] != old
-        }
-    })
-    .await;
+    let (in_redis, queued, release) = hand_over_with_replies_held(&conn, &proxy, &sem, held).await;
     queued.abort();
     assert!(queued.await.unwrap_err().is_cancelled());
     proxy.release_replies();
@@ -199,28 +216,7 @@ async fn a_hand_over_whose_reply_is_lost_gives_the_queued_task_the_permit_once()
     let outsider = client(&server.url()).await;
     let sem = c.semaphore("lost-handoff", 1).unwrap();
     let held = sem.acquire().await.unwrap();
-    let old = format!("{}:1", held.token().expose());
-    let in_redis = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    registered_and_subscribed(&conn, &sem, 1).await;
-    let queued = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    until_waiters(&sem, 2).await;
-
-    proxy.hold_replies();
-    let release = tokio::spawn(held.release());
-    eventually(5.0, "the hand-over landed", || {
-        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
-        async move {
-            let m = members(&conn, &key).await;
-            m.len() == 1 && m[0] != old
-        }
-    })
-    .await;
+    let (in_redis, queued, release) = hand_over_with_replies_held(&conn, &proxy, &sem, held).await;
     let released = within(5.0, "the release gives up", release).await.unwrap();
     proxy.release_replies();
     let got = within(5.0, "the queued task", queued).await.unwrap().unwrap();
@@ -401,63 +397,6 @@ async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
     in_redis.abort();
 }
 
-/// The hand-over budget is to leave other processes their turn: after 16 local
-/// hand-overs a permit goes back through Redis. There it goes to the registration with
-/// the earliest deadline — its last attempt plus the registration's life. A waiter of
-/// another process whose handle has a longer lease (120 s here, against the busy
-/// client's 30 s) must still get a permit while the busy client's tasks keep the
-/// semaphore going (when the life grew with the lease, it never came first).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_hand_overs_leave_a_process_with_a_longer_lease_its_turn() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let server = server();
-    let busy = client(&server.url()).await;
-    let other = client(&server.url()).await;
-    let acquisitions = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let sem = busy.semaphore("long-lease", 1).unwrap();
-        let (acquisitions, stop) = (acquisitions.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let permit = sem.acquire().await.unwrap();
-                acquisitions.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                permit.release().await.unwrap();
-            }
-        }));
-    }
-    eventually(5.0, "the busy client is going", || async {
-        acquisitions.load(Ordering::SeqCst) > 20
-    })
-    .await;
-    let at = acquisitions.load(Ordering::SeqCst);
-    let sem = other
-        .semaphore_with("long-lease", 1, LeaseOptions::new().ttl(Duration::from_secs(120)))
-        .unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(10), sem.acquire()).await;
-    let waited_for = acquisitions.load(Ordering::SeqCst) - at;
-    stop.store(true, Ordering::SeqCst);
-    let permit = got
-        .unwrap_or_else(|_| {
-            panic!("the other process got no permit in 10 s ({waited_for} local acquisitions)")
-        })
-        .unwrap();
-    permit.release().await.unwrap();
-    within(10.0, "the busy client's tasks stop", async {
-        for t in tasks {
-            t.await.unwrap();
-        }
-    })
-    .await;
-    assert!(
-        waited_for <= 40,
-        "the other process waited for {waited_for} acquisitions"
-    );
-}
-
 /// A queued task is picked for a hand-over whose reply is held back past the claim
 /// window after which a queued task looks at Redis itself. Picked, the task must wait
 /// for what the hand-over sends — not go to Redis with the token the permit is being
@@ -478,28 +417,7 @@ async fn a_task_picked_for_a_slow_hand_over_waits_for_it() {
         )
         .unwrap();
     let held = sem.acquire().await.unwrap();
-    let old = format!("{}:1", held.token().expose());
-    let mut in_redis = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    registered_and_subscribed(&conn, &sem, 1).await;
-    let queued = tokio::spawn({
-        let sem = sem.clone();
-        async move { sem.acquire().await }
-    });
-    until_waiters(&sem, 2).await;
-
-    proxy.hold_replies();
-    let release = tokio::spawn(held.release());
-    eventually(5.0, "the hand-over landed", || {
-        let (conn, old, key) = (conn.clone(), old.clone(), sem.key().to_owned());
-        async move {
-            let m = members(&conn, &key).await;
-            m.len() == 1 && m[0] != old
-        }
-    })
-    .await;
+    let (mut in_redis, queued, release) = hand_over_with_replies_held(&conn, &proxy, &sem, held).await;
     // Past the claim window: the picked task must still be waiting for its hand-over.
     tokio::time::sleep(Duration::from_millis(2300)).await;
     proxy.release_replies();
