@@ -281,12 +281,13 @@ impl Mutex {
                             // stalled (its future is not polled). To Redis with a fresh
                             // token and no turn; a hand-over that still lands on the old
                             // token comes to nobody here, and is released.
-                            if picked && !s.local.is_queued(queued.id) {
+                            let out = !s.local.is_queued(queued.id);
+                            if picked && out {
                                 drop(queued);
                                 token = Token::for_owner(&s.base.ctx.label);
                                 break None;
                             }
-                            picked = !s.local.is_queued(queued.id);
+                            picked = out;
                         }
                     }
                 }
