@@ -45,7 +45,7 @@ pub fn parse() -> (Command, Global) {
         shown_url: cli
             .redis
             .iter()
-            .map(|u| exit::redact_url(u))
+            .map(|u| redlease::redact_url(u))
             .collect::<Vec<_>>()
             .join(", "),
         urls: cli.redis,
@@ -163,7 +163,7 @@ fn redis_client(global: &Global, url: &str) -> Result<redis::Client, Failure> {
     let bad_url = |e: &dyn std::fmt::Display| {
         Failure::new(
             exit::USAGE,
-            format!("invalid --redis URL {:?}: {e}", exit::redact_url(url)),
+            format!("invalid --redis URL {:?}: {e}", redlease::redact_url(url)),
         )
         .hint(format!(
             "pass --redis (or set REDIS_URL) to a URL such as {}",

@@ -35,8 +35,13 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or `}`
 /// in the key must form a complete hash tag that comes first: `{user42}.lock` and
 /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
-/// non-ASCII letters — is allowed. A refused name is [`Error::InvalidName`], whose
-/// message shows the name escaped and cut after 64 characters.
+/// non-ASCII letters — is allowed. A key that is one of redlease's own is refused too:
+/// the fencing counter `{<prefix>fence}` (and its `:floor`), and a key with a hash tag
+/// that ends in `:` and the suffix of another lock's auxiliary key (`q`, `meta`,
+/// `limit`, `queue`, `readers`, `writers`, `waiters`, `alive`, `term`, `history`,
+/// `legacy`, `fence`, `floor`): `{orders}:q` is the waiters' key of the lock `orders`
+/// (`orders:q`, without braces, is fine). A refused name is [`Error::InvalidName`],
+/// whose message shows the name escaped and cut after 64 characters.
 ///
 /// # Examples
 ///
@@ -64,10 +69,7 @@ impl Client {
     ///
     /// [`Error::Config`] when the URL is invalid or the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Client> {
-        let redis = redis::Client::open(url).map_err(|e| Error::Config {
-            reason: format!("invalid redis url {url:?}"),
-            source: Some(e),
-        })?;
+        let redis = redis::Client::open(url).map_err(|e| crate::error::invalid_url(url, e))?;
         Client::builder(redis).build().await
     }
 
@@ -209,7 +211,8 @@ impl Client {
     /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or
     /// `}` in the key must form a complete hash tag that comes first: `{user42}.lock` and
     /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
-    /// non-ASCII letters — is allowed.
+    /// non-ASCII letters — is allowed. A key that is one of redlease's own (`{orders}:q`)
+    /// is refused: see [`Client`]'s names.
     ///
     /// # Errors
     ///
@@ -551,15 +554,17 @@ impl ClientBuilder {
     }
 
     /// Key prefix for every lock (default `redlease:`; may be empty). Like a name, at
-    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters:
-    /// [`build`](Self::build) refuses another with [`Error::Config`].
+    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters, and
+    /// a `}` in it must close a complete hash tag: [`build`](Self::build) refuses another
+    /// with [`Error::Config`].
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// Human label stored beside each held lock, shown by status commands (default
-    /// `host:pid`). Never put secrets in it.
+    /// `host:pid`). Control characters and invisible marks become `?`, and it is cut
+    /// to 128 bytes. Never put secrets in it.
     pub fn owner_label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
         self
@@ -724,7 +729,7 @@ impl ClientBuilder {
             batching,
             notifier,
             prefix: self.prefix,
-            label: self.label.unwrap_or_else(default_label),
+            label: crate::token::clean_label(&self.label.unwrap_or_else(default_label)),
             retention: self.retention,
             retry_window: self.retry_window,
             topology,

@@ -141,7 +141,8 @@ pub enum Error {
     /// number of arguments, unknown command, out of memory — and aborted `EXEC`
     /// (`EXECABORT`). Nothing of the transaction was written.
     #[error(
-        "redis refused command {index} ({command}) of the transaction on {keys:?}, so nothing was written: {message}"
+        "redis refused command {index} ({}) of the transaction on {keys:?}, so nothing was written: {}",
+        Escaped(.command), Escaped(.message)
     )]
     TransactionRejected {
         /// The watched keys.
@@ -428,7 +429,7 @@ pub(crate) fn too_old_for(detail: &str) -> Option<(&'static str, &'static str)> 
 fn first_failure(failed: &[(usize, String)]) -> String {
     failed
         .first()
-        .map(|(i, message)| format!("; first: command {i}: {message}"))
+        .map(|(i, message)| format!("; first: command {i}: {}", Escaped(message)))
         .unwrap_or_default()
 }
 
@@ -452,6 +453,37 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
         )
 }
 
+/// A Redis URL as messages and logs may show it: the password replaced by `***`
+/// (`redis://app:s3cret@host:6379/0` → `redis://app:***@host:6379/0`). URLs without a
+/// password come back unchanged.
+///
+/// ```
+/// assert_eq!(redlease::redact_url("redis://:s3cret@host/0"), "redis://:***@host/0");
+/// assert_eq!(redlease::redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***{}", &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// The error of a URL redis-rs could not read, showing the URL without its password.
+pub(crate) fn invalid_url(url: &str, source: RedisError) -> Error {
+    Error::Config {
+        reason: format!("invalid redis url {}", Shown(&redact_url(url))),
+        source: Some(source),
+    }
+}
+
 /// How a name or key appears in a message: quoted, control characters escaped (a name
 /// with `\r` or an ANSI escape must not rewrite the reader's terminal), and cut after
 /// [`SHOWN_CHARS`] characters with its length in bytes (`"xxx…"(10240 bytes)`), so a
@@ -471,18 +503,42 @@ impl std::fmt::Display for Shown<'_> {
             }
             match c {
                 '"' | '\\' => write!(f, "\\{c}")?,
-                c if needs_escape(c) => write!(f, "{}", c.escape_default())?,
-                c => f.write_char(c)?,
+                c => write_escaped(f, c)?,
             }
         }
         f.write_char('"')
     }
 }
 
-/// Characters a message never shows as they are: control characters, and the
-/// bidirectional overrides that reorder what a terminal displays.
-fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+/// Text from elsewhere — Redis's error messages, command names a caller queued — as a
+/// message shows it: whole, unquoted, with the characters [`Shown`] escapes escaped.
+pub(crate) struct Escaped<'a>(pub &'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.chars().try_for_each(|c| write_escaped(f, c))
+    }
+}
+
+fn write_escaped(f: &mut std::fmt::Formatter<'_>, c: char) -> std::fmt::Result {
+    use std::fmt::Write;
+    if needs_escape(c) {
+        write!(f, "{}", c.escape_default())
+    } else {
+        f.write_char(c)
+    }
+}
+
+/// Characters a message never shows as they are: control characters, line and
+/// paragraph separators, and the invisible marks that reorder or hide what a terminal
+/// displays (bidirectional marks, embeddings, overrides and isolates, zero-width
+/// characters, the byte order mark).
+pub(crate) fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+        )
 }
 
 /// The result type of this crate.
@@ -491,6 +547,24 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(redact_url("rediss://app:p@ss@host/1"), "rediss://app:***@host/1");
+        assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
+        assert_eq!(redact_url("redis://u:pw@host?db=1"), "redis://u:***@host?db=1");
+        assert_eq!(redact_url("not a url"), "not a url");
+        let err = invalid_url(
+            "redis://user:hunter2@127.0.0.1:notaport",
+            RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
+        );
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
 
     #[test]
     fn an_old_servers_errors_name_the_version_needed() {
@@ -550,5 +624,45 @@ mod tests {
         let text = err.to_string();
         assert!(!text.contains('\x1b') && text.len() < 200, "{text}");
         assert!(text.contains("(10245 bytes)"), "{text}");
+    }
+
+    #[test]
+    fn invisible_and_line_breaking_characters_are_escaped() {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{200e}', '\u{200f}', '\u{061c}', '\u{202e}', '\u{2066}', '\u{200b}',
+            '\u{feff}',
+        ] {
+            let name = format!("a{c}b");
+            let shown = Shown(&name).to_string();
+            assert!(!shown.contains(c), "{c:?} shown raw: {shown}");
+            assert_eq!(shown, format!("\"a{}b\"", c.escape_default()));
+        }
+    }
+
+    #[test]
+    fn redis_messages_in_transaction_errors_are_escaped_whole() {
+        let long = format!("ERR unknown command 'SE\x1b[31mT' {}", "z".repeat(100));
+        let err = Error::TransactionRejected {
+            keys: vec!["k".into()],
+            index: 0,
+            command: "SE\x1b[31mT".into(),
+            message: long.clone(),
+        };
+        let text = err.to_string();
+        assert!(!text.contains('\x1b'), "{text}");
+        assert!(
+            text.contains(r"(SE\u{1b}[31mT)") && text.ends_with(&"z".repeat(100)),
+            "{text}"
+        );
+        let err = Error::TransactionPartlyFailed {
+            keys: vec!["k".into()],
+            failed: vec![(1, "ERR bad \u{202e} thing\r\n".into())],
+            replies: vec![],
+        };
+        let text = err.to_string();
+        assert!(
+            text.ends_with(r"first: command 1: ERR bad \u{202e} thing\r\n"),
+            "{text}"
+        );
     }
 }

@@ -151,7 +151,7 @@ mod token;
 
 pub use acl::acl_rules;
 pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
-pub use error::{CertificateProblem, Error, Result};
+pub use error::{CertificateProblem, Error, Result, redact_url};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use list::{LockInfo, LockKind};
 pub use options::{

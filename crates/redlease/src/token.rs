@@ -1,5 +1,6 @@
 //! Lock tokens (secret, random) and fencing tokens (public, rising).
 
+use crate::error::needs_escape;
 use std::fmt;
 use std::sync::Arc;
 
@@ -27,7 +28,7 @@ impl Token {
 
     /// A fresh random token that names its owner: `<32 hex digits>@<label>`, so that
     /// the lock key itself tells who holds it (`status`, `list`). Control characters
-    /// in the label become `?`, and it is cut to 128 bytes.
+    /// and invisible marks in the label become `?`, and it is cut to 128 bytes.
     pub(crate) fn for_owner(label: &str) -> Self {
         // Built on the stack: the token costs one allocation, its shared string.
         let mut buf = [0u8; 33 + MAX_LABEL];
@@ -44,7 +45,7 @@ impl Token {
             label
         };
         for c in chars.chars() {
-            let c = if c.is_control() { '?' } else { c };
+            let c = if needs_escape(c) { '?' } else { c };
             if len + c.len_utf8() > buf.len() {
                 break;
             }
@@ -128,6 +129,20 @@ fn random_16() -> [u8; 16] {
 /// The longest owner label kept in a token, in bytes.
 const MAX_LABEL: usize = 128;
 
+/// An owner label as every lock stores it: control characters and the invisible marks
+/// a message would escape become `?`, and it is cut to 128 bytes (at a character).
+pub(crate) fn clean_label(label: &str) -> String {
+    let mut out = String::with_capacity(label.len().min(MAX_LABEL));
+    for c in label.chars() {
+        let c = if needs_escape(c) { '?' } else { c };
+        if out.len() + c.len_utf8() > MAX_LABEL {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// A number that rises strictly with every acquisition of the same lock.
 ///
 /// Pass it to the resource the lock protects, and have the resource reject any request
@@ -202,6 +217,29 @@ mod tests {
         assert_eq!(&t.expose()[32..], "@evil??[31mred");
         let t = Token::for_owner(&"é".repeat(100));
         assert_eq!(&t.expose()[33..], "é".repeat(64));
+        assert_eq!(&Token::for_owner("a\u{202e}b\u{2028}").expose()[33..], "a?b?");
+    }
+
+    #[test]
+    fn owner_labels_are_cleaned_as_tokens_clean_them() {
+        for label in [
+            "host:42",
+            "evil\r\x1b[2J\r\nx",
+            "a\u{202e}b\u{2028}c",
+            &"é".repeat(100),
+            &"x".repeat(1 << 20),
+        ] {
+            let clean = clean_label(label);
+            assert_eq!(
+                format!("@{clean}"),
+                Token::for_owner(label).expose()[32..],
+                "{label:?}"
+            );
+            assert!(
+                clean.len() <= MAX_LABEL && !clean.chars().any(needs_escape),
+                "{clean:?}"
+            );
+        }
     }
 
     #[test]

@@ -51,8 +51,9 @@ impl CasOutcome {
 ///
 /// # Errors
 ///
-/// [`Error::WrongType`] when the key is not a string; [`Error::Redis`] when Redis cannot
-/// be used.
+/// [`Error::WrongType`] when the key is not a string; [`Error::InvalidArgument`] when it
+/// holds bytes that are not UTF-8 text (which this compares: a value read lossily could
+/// never be matched); [`Error::Redis`] when Redis cannot be used.
 ///
 /// # Examples
 ///
@@ -92,9 +93,20 @@ pub async fn compare_and_set<C: CommandConnection>(
         return Ok(CasOutcome::Swapped);
     }
     match array(&reply) {
-        Some([flag, current]) if int(flag) == Some(0) => Ok(CasOutcome::Mismatch {
-            current: opt_string(current),
-        }),
+        Some([flag, current]) if int(flag) == Some(0) => match current {
+            redis::Value::BulkString(bytes) => match String::from_utf8(bytes.clone()) {
+                Ok(text) => Ok(CasOutcome::Mismatch { current: Some(text) }),
+                Err(_) => Err(Error::InvalidArgument {
+                    name: key.to_owned(),
+                    what: "value",
+                    reason: "the key holds bytes that are not UTF-8 text, which compare_and_set compares"
+                        .into(),
+                }),
+            },
+            other => Ok(CasOutcome::Mismatch {
+                current: opt_string(other),
+            }),
+        },
         // Lua drops a trailing nil from an array: {0, nil} arrives as {0}.
         Some([flag]) if int(flag) == Some(0) => Ok(CasOutcome::Mismatch { current: None }),
         _ => Err(Error::from_redis(key, key, "compare-and-set", bad_reply())),

@@ -314,8 +314,16 @@ impl Transaction {
         F: FnMut(Tx) -> Fut,
         Fut: Future<Output = Result<Pipeline>>,
     {
+        if self.keys.is_empty() {
+            return Err(Error::InvalidArgument {
+                name: String::new(),
+                what: "keys",
+                reason: "an optimistic transaction watches at least one key".into(),
+            });
+        }
         let started = Instant::now();
-        let deadline = self.timeout.map(|t| started + t);
+        // A timeout too long to add to the clock is no deadline at all.
+        let deadline = self.timeout.and_then(|t| started.checked_add(t));
         let label: Arc<str> = self.keys.join(" ").into();
         let mut held = self.checkout(deadline, &label, started).await?;
         let mut attempt: u32 = 0;
@@ -520,8 +528,8 @@ impl Transaction {
             .backoff_first
             .saturating_mul(1u32 << attempt.saturating_sub(1).min(20))
             .min(self.backoff_max);
-        let micros = cap.as_micros().max(1) as u64;
-        Duration::from_micros(getrandom::u64().unwrap_or(0) % (micros + 1))
+        let micros = u64::try_from(cap.as_micros()).unwrap_or(u64::MAX).max(1);
+        Duration::from_micros(getrandom::u64().unwrap_or(0) % micros.saturating_add(1))
     }
 
     fn contention(&self, attempts: u32, started: Instant) -> Error {

@@ -7,14 +7,15 @@ use redis::RedisResult;
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::transport::CommandConnection;
 
 /// Settings of a [`ConnectionPool`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolOptions {
-    /// Most connections open at once (default 32); transactions beyond this wait for a
+    /// Most connections open at once (default 32; at least 1, at most
+    /// [`tokio::sync::Semaphore::MAX_PERMITS`]); transactions beyond this wait for a
     /// connection to come back.
     pub max_connections: usize,
     /// Reply timeout of each connection (default 2 s; `None`: wait forever).
@@ -39,9 +40,10 @@ impl PoolOptions {
         Self::default()
     }
 
-    /// Sets the most connections open at once (at least 1).
+    /// Sets the most connections open at once (at least 1, at most
+    /// [`tokio::sync::Semaphore::MAX_PERMITS`]: as good as unbounded).
     pub fn max_connections(mut self, n: usize) -> Self {
-        self.max_connections = n.max(1);
+        self.max_connections = n.clamp(1, Semaphore::MAX_PERMITS);
         self
     }
 
@@ -107,7 +109,9 @@ impl ConnectionPool {
                 client,
                 config,
                 idle: std::sync::Mutex::new(Vec::new()),
-                permits: Arc::new(Semaphore::new(options.max_connections.max(1))),
+                permits: Arc::new(Semaphore::new(
+                    options.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+                )),
                 options,
             }),
         }
@@ -117,12 +121,9 @@ impl ConnectionPool {
     ///
     /// # Errors
     ///
-    /// [`Error::Config`] when the URL is invalid. Nothing is connected yet.
+    /// [`Error::Config`](crate::Error::Config) when the URL is invalid. Nothing is connected yet.
     pub fn open(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url).map_err(|e| Error::Config {
-            reason: format!("invalid redis url {url:?}"),
-            source: Some(e),
-        })?;
+        let client = redis::Client::open(url).map_err(|e| crate::error::invalid_url(url, e))?;
         Ok(Self::new(client))
     }
 

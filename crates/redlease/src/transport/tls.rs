@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{CertificateProblem, Error, Result};
+use crate::error::{CertificateProblem, Error, Result, Shown, invalid_url, redact_url};
 
 /// Where to find the certificates for a `rediss://` connection.
 ///
@@ -97,16 +97,14 @@ impl TlsOptions {
     /// a file cannot be read or holds no usable PEM data; the message names the file.
     pub fn redis_client(&self, url: &str) -> Result<redis::Client> {
         install_crypto_provider();
-        let invalid_url = |e| Error::Config {
-            reason: format!("invalid redis url {url:?}"),
-            source: Some(e),
-        };
+        let shown = || Shown(&redact_url(url)).to_string();
         if self.is_empty() {
-            return redis::Client::open(url).map_err(invalid_url);
+            return redis::Client::open(url).map_err(|e| invalid_url(url, e));
         }
         if !url.starts_with("rediss://") {
             return Err(config(format!(
-                "a TLS CA file or client certificate needs a rediss:// url, not {url:?}"
+                "a TLS CA file or client certificate needs a rediss:// url, not {}",
+                shown()
             )));
         }
         let client_tls = match (&self.cert_file, &self.key_file) {
@@ -138,7 +136,7 @@ impl TlsOptions {
             },
         )
         .map_err(|e| Error::Config {
-            reason: format!("cannot use the TLS files for {url:?}"),
+            reason: format!("cannot use the TLS files for {}", shown()),
             source: Some(e),
         })
     }
