@@ -53,6 +53,16 @@ impl LockKeys {
                 "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot",
             ));
         }
+        if is_fence_counter(prefix, &key) {
+            return Err(invalid("the key is where redlease keeps its fencing tokens"));
+        }
+        if tagged && is_aux_key(&key) {
+            // Another lock's `{<key>}:<suffix>` (or, tagged, `<key>:<suffix>`): the two
+            // would overwrite each other.
+            return Err(invalid(
+                "a key with a {hash tag} that ends in ':' and one of redlease's suffixes (q, meta, limit, …) is another lock's auxiliary key",
+            ));
+        }
         Ok(LockKeys { key, tagged })
     }
 
@@ -74,6 +84,19 @@ impl LockKeys {
     pub fn aux_shared(&self, suffix: &str) -> Arc<str> {
         shared_concat(&self.aux_parts(suffix))
     }
+}
+
+/// The suffixes of the auxiliary *keys* of every kind of lock (`{<key>}:<suffix>`);
+/// wake-up channels are another namespace.
+const AUX_KEY_SUFFIXES: [&str; 13] = [
+    "alive", "fence", "floor", "history", "legacy", "limit", "meta", "q", "queue", "readers", "term",
+    "waiters", "writers",
+];
+
+/// Whether `key` has the shape of an auxiliary key of some lock: `:<suffix>` at its end.
+fn is_aux_key(key: &str) -> bool {
+    key.rsplit_once(':')
+        .is_some_and(|(_, last)| AUX_KEY_SUFFIXES.contains(&last))
 }
 
 /// `parts` concatenated into a shared string, in one allocation when short (a `String`
@@ -100,12 +123,15 @@ fn has_control(s: &str) -> bool {
     s.bytes().any(|b| b < 0x20 || b == 0x7f) || (!s.is_ascii() && s.chars().any(char::is_control))
 }
 
-/// Checks a key prefix: the rules of a name, except that it may be empty.
+/// Checks a key prefix: the rules of a name, except that it may be empty; a `}` in it
+/// must close a complete hash tag (else every untagged name would be refused for it).
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     let reason = if prefix.len() > MAX_NAME_LEN {
         "is longer than 1024 bytes"
     } else if has_control(prefix) {
         "contains control characters"
+    } else if prefix.contains('}') && hash_tag(prefix).is_none() {
+        "contains '}' without a complete {hash tag}"
     } else {
         return Ok(());
     };
@@ -449,6 +475,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("longer than 1024 bytes") && err.len() < 200, "{err}");
+        assert!(check_prefix("{app}:").is_ok() && check_prefix("{app").is_ok());
+        let err = check_prefix("app}").unwrap_err().to_string();
+        assert!(
+            err.contains(r#""app}" contains '}' without a complete {hash tag}"#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn names_that_are_redleases_own_keys_are_refused() {
+        let refused =
+            |prefix: &str, name: &str| matches!(LockKeys::new(prefix, name), Err(Error::InvalidName { .. }));
+        // The fencing counters and their floors (an empty prefix is redis-py's layout).
+        for name in ["{fence}", "{fence}:floor", "{fence:12}", "{fence:12}:floor"] {
+            assert!(refused("", name), "{name}");
+        }
+        // Another lock's auxiliary keys: `{<key>}:<suffix>`, or `<key>:<suffix>` when
+        // the key has a hash tag.
+        for name in [
+            "{orders}:q",
+            "{orders}:meta",
+            "{t}orders:limit",
+            "{t}:a:readers",
+            "{x}:floor",
+        ] {
+            assert!(refused("", name), "{name}");
+            assert!(refused("redlease:", name), "{name}");
+        }
+        for name in [
+            "{fence}",
+            "jobs:q",
+            "orders:meta",
+            "{t}orders:quick",
+            "{t}:q:x",
+            "q",
+        ] {
+            assert!(!refused("redlease:", name), "{name}");
+        }
+        let keys = LockKeys::new("", "orders").unwrap();
+        for suffix in AUX_KEY_SUFFIXES {
+            let aux = keys.aux(suffix);
+            assert!(refused("", &aux), "{aux}");
+        }
     }
 
     #[test]
