@@ -289,3 +289,33 @@ async fn policies_that_cannot_work_are_rejected_up_front() {
     let mut conn = raw(&server).await;
     assert!(all_keys(&mut conn).await.is_empty(), "nothing was written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_too_short_for_the_replica_wait_is_rejected_up_front() {
+    let server = server();
+    let client = client(&server.url()).await;
+    let mut conn = raw(&server).await;
+    // No replica answers here: keep the lock on a shortfall.
+    let policy = ReplicaAck::new(1)
+        .timeout(Duration::from_millis(100))
+        .on_shortfall(OnShortfall::Proceed);
+    let mutex = client
+        .mutex_with(
+            "short",
+            LeaseOptions::new()
+                .ttl(Duration::from_secs(30))
+                .replica_ack(policy),
+        )
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    let before = pttl(&mut conn, "redlease:short").await;
+    let err = guard.extend(Duration::from_millis(150)).await.unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    assert!(err.to_string().contains("half the lease"), "{err}");
+    // Nothing was sent: the lease is as it was, and still ours.
+    let after = pttl(&mut conn, "redlease:short").await;
+    assert!(after > 25_000 && after <= before, "{before} → {after}");
+    assert!(guard.is_held());
+    guard.extend(Duration::from_secs(10)).await.unwrap();
+    guard.release().await.unwrap();
+}

@@ -424,6 +424,10 @@ impl GuardCore {
             Keeper::Script { base, renew, release } => (base, renew, release),
         };
         let ttl_ms = base.ttl_ms(ttl)?;
+        if let Some(policy) = &base.options.replica_ack {
+            // The wait for replicas eats into the new lease as into the first one.
+            policy.validate(&base.name, ttl, base.ctx.topology.response_timeout)?;
+        }
         let op = base.op("extend");
         if let Some(reason) = state.ended() {
             tracing::debug!(lock = %base.name, %reason, "extend after the lease ended");
@@ -572,6 +576,9 @@ macro_rules! guard_surface {
             /// # Errors
             ///
             /// [`Error::InvalidTtl`](crate::Error::InvalidTtl);
+            /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the lock
+            /// has a replica policy whose timeout is more than half of `ttl` (nothing
+            /// is sent; the lease is as it was);
             /// [`Error::NotHeld`](crate::Error::NotHeld) when the lease was already
             /// lost (the lease then reports [`LostReason::Gone`](crate::LostReason::Gone));
             /// [`Error::NotReplicated`](crate::Error::NotReplicated) when the lock's
