@@ -35,13 +35,15 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or `}`
 /// in the key must form a complete hash tag that comes first: `{user42}.lock` and
 /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
-/// non-ASCII letters — is allowed. A key that is one of redlease's own is refused too:
-/// the fencing counter `{<prefix>fence}` (and its `:floor`), and a key with a hash tag
-/// that ends in `:` and the suffix of another lock's auxiliary key (`q`, `meta`,
-/// `limit`, `queue`, `readers`, `writers`, `waiters`, `alive`, `term`, `history`,
-/// `legacy`, `fence`, `floor`): `{orders}:q` is the waiters' key of the lock `orders`
-/// (`orders:q`, without braces, is fine). A refused name is [`Error::InvalidName`],
-/// whose message shows the name escaped and cut after 64 characters.
+/// non-ASCII letters — is allowed, except a key that is the fencing counter of the
+/// prefix, `{<prefix>fence}` (or its `:floor`). A lock's auxiliary keys are
+/// `{<key>}:<suffix>` — `<key>:<suffix>` when the key has a hash tag — with suffixes
+/// such as `q`, `meta`, `limit` or `readers`: with an empty prefix or hash-tagged
+/// names, do not also name a lock like another lock's auxiliary key (`{orders}:q`,
+/// `{t}orders:meta` beside `{t}orders`): each would find the other's key, and see a
+/// busy lock or a wrong-type error. A
+/// refused name is [`Error::InvalidName`], whose message shows the name escaped and cut
+/// after 64 characters.
 ///
 /// # Examples
 ///
@@ -211,8 +213,8 @@ impl Client {
     /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or
     /// `}` in the key must form a complete hash tag that comes first: `{user42}.lock` and
     /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
-    /// non-ASCII letters — is allowed. A key that is one of redlease's own (`{orders}:q`)
-    /// is refused: see [`Client`]'s names.
+    /// non-ASCII letters — is allowed, except the fencing counter's key: see
+    /// [`Client`]'s names.
     ///
     /// # Errors
     ///

@@ -13,7 +13,7 @@ use redis::Value;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::keys::{LockKeys, hash_tag, is_fence_counter};
+use crate::keys::{AUX_KEY_SUFFIXES, LockKeys, hash_tag, is_fence_counter};
 use crate::script::reply::{fence, ms};
 use crate::script::{LIST_LOCK, eval};
 use crate::token::FencingToken;
@@ -93,14 +93,6 @@ pub struct LockInfo {
     /// the exclusive kinds.
     pub holders: u64,
 }
-
-/// The auxiliary keys of the primitives (`{<lock key>}:<suffix>`, or `<lock key>:<suffix>`
-/// when the lock key has a hash tag): found by `SCAN`, they are not locks. `readers`
-/// stands for a read-write lock held by readers only, which has no lock key.
-const AUX_SUFFIXES: &[&str] = &[
-    "meta", "q", "queue", "alive", "readers", "writers", "limit", "legacy", "waiters", "term", "history",
-    "fence", "floor",
-];
 
 /// How many locks are described at once.
 const CONCURRENCY: usize = 64;
@@ -236,7 +228,7 @@ fn names_of(prefix: &str, keys: &[String]) -> BTreeMap<String, bool> {
         // `{<prefix><name>}:<suffix>`
         if let Some((inner, suffix)) = key.strip_prefix('{').and_then(|k| k.rsplit_once("}:"))
             && let Some(name) = inner.strip_prefix(prefix)
-            && AUX_SUFFIXES.contains(&suffix)
+            && AUX_KEY_SUFFIXES.contains(&suffix)
             && aux_of(key, name, suffix)
         {
             if suffix == "readers" {
@@ -253,7 +245,7 @@ fn names_of(prefix: &str, keys: &[String]) -> BTreeMap<String, bool> {
         // `<prefix><name>:<suffix>` when the lock key has a hash tag.
         let maybe_aux = hash_tag(key).is_some()
             && name.rsplit_once(':').is_some_and(|(lock, suffix)| {
-                let is_aux = AUX_SUFFIXES.contains(&suffix) && aux_of(key, lock, suffix);
+                let is_aux = AUX_KEY_SUFFIXES.contains(&suffix) && aux_of(key, lock, suffix);
                 if is_aux && suffix == "readers" {
                     names.insert(lock.to_owned(), false);
                 }
