@@ -276,8 +276,9 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 #[group(id = "lock_name", required = true, multiple = false)]
 pub struct NameArg {
-    /// The name; the key is <PREFIX><NAME>. At most 1024 bytes, no control characters,
-    /// no unbalanced '{' or '}'. A NAME that starts with '-' goes in --name
+    /// The name; the key is <PREFIX><NAME>. At most 1024 bytes, no control characters;
+    /// a '}' only to close a '{hash tag}' that comes first. A NAME that starts with '-'
+    /// goes in --name
     #[arg(value_name = "NAME", value_parser = name)]
     positional: Option<String>,
 
@@ -303,8 +304,8 @@ impl NameArg {
 #[group(id = "lock_names", required = true, multiple = true)]
 pub struct NamesArg {
     /// The lock's name; the key is <PREFIX><NAME>. Give several to hold them all. At most
-    /// 1024 bytes, no control characters, no unbalanced '{' or '}'. A NAME that starts
-    /// with '-' goes in --name
+    /// 1024 bytes, no control characters; a '}' only to close a '{hash tag}' that comes
+    /// first. A NAME that starts with '-' goes in --name
     #[arg(value_name = "NAME", value_parser = name, num_args = 1..)]
     positional: Vec<String>,
 

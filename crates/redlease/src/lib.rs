@@ -122,9 +122,9 @@
 //!
 //! # Waiting
 //!
-//! A release publishes on the lock's channel in the same script that frees it; waiting
-//! processes are woken through one shared pub/sub connection per client instead of
-//! polling. Where the release knows who is next — a registered waiter of the plain
+//! A release that finds registered waiters publishes on the lock's channel in the same
+//! script that frees it (one that finds none publishes nothing); waiting processes are
+//! woken through one shared pub/sub connection per client instead of polling. Where the release knows who is next — a registered waiter of the plain
 //! mutex, the head of a fair mutex's queue, registered waiters of a semaphore that fit
 //! in the permits freed — it hands the lock or the permits straight to that waiter and
 //! tells only its client, so the waiter holds them when the message arrives. A missed
