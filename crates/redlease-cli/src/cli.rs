@@ -22,6 +22,7 @@ Exit status:
     1        release, extend: the token does not hold the lock (nothing was changed)
     2        usage error: unknown flag, bad duration, empty name, invalid URL
     69       Redis is unreachable or answered with an error
+    73       man --dir: the pages could not be written
     75       the lock was not acquired (elect: the candidate was not elected) within --wait
              (or at once with --no-wait)
     79       run, elect: the lease was lost while CMD ran; CMD was sent --lost-signal
@@ -86,7 +87,9 @@ pub struct Cli {
 
     /// How long to wait for each Redis reply, 1ms to 30 days (a request that times out is
     /// retried for a few seconds before redlease gives up with status 69). There is no
-    /// "no timeout": 0 is refused; a long timeout such as 30days comes closest
+    /// "no timeout": 0 is refused; a long timeout such as 30days comes closest. With
+    /// --redlock it bounds each master's request (default there 200ms, at most a tenth
+    /// of --ttl)
     #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout, allow_hyphen_values = true)]
     pub response_timeout: Duration,
 

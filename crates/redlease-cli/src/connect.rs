@@ -24,6 +24,9 @@ pub struct Global {
     pub url_given: bool,
     pub prefix: String,
     pub response_timeout: Duration,
+    /// `--response-timeout` was given (not the default): with `--redlock` it bounds
+    /// each master's request instead of the Redlock's own node timeout.
+    pub response_timeout_given: bool,
     pub topology: TopologyArgs,
 }
 
@@ -35,6 +38,10 @@ pub fn parse() -> (Command, Global) {
         .try_get_matches()
         .unwrap_or_else(|e| shown_safely(e).exit());
     let url_given = !matches!(matches.value_source("redis"), Some(ValueSource::DefaultValue));
+    let response_timeout_given = !matches!(
+        matches.value_source("response_timeout"),
+        Some(ValueSource::DefaultValue) | None
+    );
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| shown_safely(e).exit());
     let url = cli
         .redis
@@ -53,6 +60,7 @@ pub fn parse() -> (Command, Global) {
         url_given,
         prefix: cli.prefix,
         response_timeout: cli.response_timeout,
+        response_timeout_given,
         topology: cli.topology,
     };
     (cli.command, global)
@@ -99,6 +107,18 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
         return usage(format!(
             "--redis was given {} times; several URLs need --cluster (cluster nodes) or --redlock (independent masters)",
             global.urls.len()
+        ));
+    }
+    if t.redlock
+        && let Some(twice) = global
+            .urls
+            .iter()
+            .enumerate()
+            .find_map(|(i, u)| global.urls[..i].contains(u).then_some(u))
+    {
+        return usage(format!(
+            "--redis {} was given twice; --redlock needs independent masters, one per server",
+            output::shown(&redlease::redact_url(twice))
         ));
     }
     if t.redlock && global.urls.len() < 3 {
@@ -215,9 +235,16 @@ pub async fn connect_redlock(global: &Global) -> Result<redlease::Redlock, Failu
         .map(|url| redis_client(global, url))
         .collect::<Result<Vec<_>, _>>()?;
     let prefix = global.prefix.clone();
-    redlease::Redlock::connect_with(masters, move |b| b.prefix(prefix.clone()))
+    let redlock = redlease::Redlock::connect_with(masters, move |b| b.prefix(prefix.clone()))
         .await
-        .map_err(|e| Failure::from_lock(e, &global.shown_url))
+        .map_err(|e| Failure::from_lock(e, &global.shown_url))?;
+    // Each master's request is bounded by the node timeout (at most a tenth of the
+    // TTL), not by a connection's reply timeout.
+    Ok(if global.response_timeout_given {
+        redlock.node_timeout(global.response_timeout)
+    } else {
+        redlock
+    })
 }
 
 /// The lease options of a plain lock: the TTL, and the replica policy of

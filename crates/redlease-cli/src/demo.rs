@@ -80,6 +80,7 @@ pub async fn demo(global: &Global, args: DemoArgs) -> Result<ExitCode, Failure> 
         url_given: true,
         prefix: global.prefix.clone(),
         response_timeout: global.response_timeout,
+        response_timeout_given: global.response_timeout_given,
         topology: Default::default(),
     };
     let lock_name = format!("demo-{}", std::process::id());

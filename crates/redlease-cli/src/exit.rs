@@ -13,6 +13,8 @@ pub const NOT_HELD: u8 = 1;
 pub const USAGE: u8 = 2;
 /// Redis unreachable or answering with an error (sysexits `EX_UNAVAILABLE`).
 pub const UNAVAILABLE: u8 = 69;
+/// `man --dir`: the pages could not be written (sysexits `EX_CANTCREAT`).
+pub const CANNOT_WRITE: u8 = 73;
 /// The lock was not acquired within `--wait` (sysexits `EX_TEMPFAIL`: try again later).
 pub const NOT_ACQUIRED: u8 = 75;
 /// `run`: the lease was lost while CMD ran. Outside the sysexits range (64–78) so it
@@ -113,15 +115,58 @@ impl Failure {
                 UNAVAILABLE,
                 "the server is a read-only replica; point --redis at the primary".to_owned(),
             ),
-            _ => (
-                UNAVAILABLE,
-                format!(
-                    "is Redis running at {redis}? Point --redis URL (or REDIS_URL) at your server; a slow server may need a longer --response-timeout"
-                ),
-            ),
+            _ => (UNAVAILABLE, unavailable_hint(&err, redis)),
         };
         Failure::caused(status, err).hint(hint)
     }
+}
+
+/// What to do when Redis could not be used, by what went wrong underneath.
+fn unavailable_hint(err: &redlease::Error, redis: &str) -> String {
+    let mut source: Option<&(dyn Error + 'static)> = err.source();
+    let mut cause = None;
+    while let Some(e) = source {
+        if let Some(redis_err) = e.downcast_ref::<redis::RedisError>() {
+            cause = Some(redis_err);
+            break;
+        }
+        source = e.source();
+    }
+    let text = cause
+        .map(|e| e.to_string().to_ascii_lowercase())
+        .unwrap_or_default();
+    let kind = cause.map(redis::RedisError::kind);
+    if kind == Some(redis::ErrorKind::AuthenticationFailed)
+        || [
+            "wrongpass",
+            "noauth",
+            "invalid username-password",
+            "authentication required",
+        ]
+        .iter()
+        .any(|t| text.contains(t))
+    {
+        return format!(
+            "{redis} refused the credentials: check the user and password in --redis URL (or REDIS_URL)"
+        );
+    }
+    if text.contains("db index is out of range") || text.contains("invalid db index") {
+        return format!("{redis} has no such database: check the number after the last '/' of --redis URL");
+    }
+    if text.contains("cluster support disabled") {
+        return format!("{redis} is not a Redis Cluster: leave out --cluster");
+    }
+    if text.contains("parse error") || kind == Some(redis::ErrorKind::Parse) {
+        return format!(
+            "what answers at {redis} does not speak the Redis protocol: check the host and port of --redis URL"
+        );
+    }
+    if cause.is_some_and(|e| e.is_timeout()) {
+        return format!(
+            "{redis} did not answer in time: is it overloaded or unreachable? A slow server may need a longer --response-timeout"
+        );
+    }
+    format!("is Redis running at {redis}? Point --redis URL (or REDIS_URL) at your server")
 }
 
 /// How to fix a refused certificate: never "is Redis running?" — it is, it answered the
@@ -154,14 +199,16 @@ fn certificate_hint(problem: redlease::CertificateProblem) -> String {
 const V3_EXTENSIONS: &str = "subjectAltName=DNS:redis.example,IP:127.0.0.1\\nbasicConstraints=CA:FALSE\\nkeyUsage=digitalSignature,keyEncipherment\\nextendedKeyUsage=serverAuth,clientAuth\\n";
 
 /// `{}` prints the error; `{:#}` adds its causes, `a: b: c`, skipping a cause whose
-/// text the message already contains (many errors repeat their source).
+/// text the message already contains (many errors repeat their source). On one line:
+/// line breaks in a cause's text (redis-rs has some) become spaces, and any other
+/// control character is escaped.
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut text = self.error.to_string();
+        let mut text = one_line(&self.error.to_string());
         if f.alternate() {
             let mut cause = self.error.source();
             while let Some(c) = cause {
-                let c_text = c.to_string();
+                let c_text = one_line(&c.to_string());
                 if !text.contains(&c_text) {
                     text.push_str(": ");
                     text.push_str(&c_text);
@@ -171,6 +218,30 @@ impl fmt::Display for Failure {
         }
         f.write_str(&text)
     }
+}
+
+/// `text` on one line: each run of line breaks (and the spaces around it) one space,
+/// other control characters escaped.
+fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text
+        .split(['\n', '\r'])
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+    {
+        if i > 0 {
+            out.push(' ');
+        }
+        let line = if i > 0 { line.trim_start() } else { line };
+        for c in line.trim_end().chars() {
+            if c.is_control() {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -188,6 +259,18 @@ mod tests {
         fn source(&self) -> Option<&(dyn Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    #[test]
+    fn messages_are_one_line_without_raw_control_characters() {
+        assert_eq!(
+            one_line("Parse error at 1\nUnexpected `33`\nUnexpected `60`\n"),
+            "Parse error at 1 Unexpected `33` Unexpected `60`"
+        );
+        assert_eq!(one_line("a\r\n  b\x1b[2J\tc"), r"a b\u{1b}[2J\tc");
+        assert_eq!(one_line("plain"), "plain");
+        let f = Failure::caused(FAILED, Outer(std::io::Error::other("line 1\nline 2\n")));
+        assert_eq!(format!("{f:#}"), "outer failed: line 1 line 2");
     }
 
     #[test]

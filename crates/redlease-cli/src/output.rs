@@ -101,10 +101,14 @@ pub fn man(dir: Option<&std::path::Path>) -> Result<ExitCode, Failure> {
     let cmd = crate::cli::Cli::command();
     match dir {
         Some(dir) => {
-            clap_mangen::generate_to(cmd, dir).map_err(|e| {
-                Failure::caused(crate::exit::FAILED, e)
-                    .hint(format!("--dir {} must be a writable directory", dir.display()))
-            })?;
+            std::fs::create_dir_all(dir)
+                .and_then(|()| clap_mangen::generate_to(cmd, dir))
+                .map_err(|e| {
+                    Failure::caused(crate::exit::CANNOT_WRITE, e).hint(format!(
+                        "--dir {} must be a directory redlease can create or write to",
+                        shown(&dir.display().to_string())
+                    ))
+                })?;
         }
         None => {
             let mut page = Vec::new();

@@ -885,11 +885,31 @@ impl Redlock {
     ///
     /// # Errors
     ///
-    /// As [`new`](Redlock::new), and the errors of [`ClientBuilder::build`].
+    /// As [`new`](Redlock::new) — also for the same address and database given twice
+    /// (two names of one server are not caught) — and the errors of
+    /// [`ClientBuilder::build`].
     pub async fn connect_with(
         masters: Vec<redis::Client>,
         configure: impl Fn(ClientBuilder) -> ClientBuilder,
     ) -> Result<Redlock> {
+        // The same address and database twice would make one server count twice.
+        let places: Vec<String> = masters
+            .iter()
+            .map(|m| {
+                let info = m.get_connection_info();
+                format!("{}/{}", info.addr(), info.redis_settings().db())
+            })
+            .collect();
+        for (i, place) in places.iter().enumerate() {
+            if places[..i].contains(place) {
+                return Err(Error::Config {
+                    reason: format!(
+                        "redis master {place} was given twice; a Redlock needs independent masters, one per server"
+                    ),
+                    source: None,
+                });
+            }
+        }
         let builds = masters.into_iter().map(|redis| {
             // A lazy connection: a master that is down now does not fail the Redlock.
             let config = redis::aio::ConnectionManagerConfig::new()
