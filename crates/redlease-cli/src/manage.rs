@@ -4,12 +4,13 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
+use redlease::LockKind;
 use serde_json::json;
 
 use crate::cli::{AcquireArgs, ExtendArgs, ReleaseArgs, RwlockStatusArgs, SemaphoreStatusArgs, StatusArgs};
 use crate::connect::{Global, connect, lease_options};
 use crate::exit::{self, Failure};
-use crate::output::{emit, human, millis, unix_ms};
+use crate::output::{self, emit, human, millis, unix_ms};
 use crate::signals::Signals;
 use crate::wait::{Taker, Taking};
 
@@ -81,9 +82,38 @@ pub async fn extend(global: &Global, args: ExtendArgs) -> Result<ExitCode, Failu
 pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failure> {
     let client = connect(global).await?;
     let lock_err = |e| Failure::from_lock(e, &global.shown_url);
+    let name = args.name.get();
+    // Another kind of lock may use the name: a plain status cannot tell readers of a
+    // read-write lock from nobody, nor read a semaphore's or an election's keys.
+    let other_kind = async || {
+        let info = client.lock_info(name).await.map_err(lock_err)?;
+        Ok::<_, Failure>(
+            info.map(|i| i.kind)
+                .filter(|k| !matches!((k, args.fair), (LockKind::Mutex, _) | (LockKind::FairMutex, true))),
+        )
+    };
+    let wrong_kind = |kind: LockKind| {
+        Failure::new(
+            exit::USAGE,
+            format!(
+                "{} is held as {} {kind}, not as a {}",
+                output::shown(name),
+                if kind == LockKind::Election { "an" } else { "a" },
+                if args.fair { "fair mutex" } else { "plain lock" }
+            ),
+        )
+        .hint(format!("see `redlease {}`", status_command(kind, name)))
+    };
     let (key, st, queue) = if args.fair {
-        let mutex = client.fair_mutex(args.name.get()).map_err(lock_err)?;
-        let st = mutex.status().await.map_err(lock_err)?;
+        let mutex = client.fair_mutex(name).map_err(lock_err)?;
+        let st = match mutex.status().await {
+            Ok(st) => st,
+            Err(e @ redlease::Error::WrongType { .. }) => match other_kind().await? {
+                Some(kind) => return Err(wrong_kind(kind)),
+                None => return Err(lock_err(e)),
+            },
+            Err(e) => return Err(lock_err(e)),
+        };
         let common = Common {
             held: st.held,
             owner: st.owner,
@@ -95,8 +125,15 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         };
         (mutex.key().to_owned(), common, Some(st.queue))
     } else {
-        let mutex = client.mutex(args.name.get()).map_err(lock_err)?;
-        let st = mutex.status().await.map_err(lock_err)?;
+        let mutex = client.mutex(name).map_err(lock_err)?;
+        let st = match mutex.status().await {
+            Ok(st) => st,
+            Err(e @ redlease::Error::WrongType { .. }) => match other_kind().await? {
+                Some(kind) => return Err(wrong_kind(kind)),
+                None => return Err(lock_err(e)),
+            },
+            Err(e) => return Err(lock_err(e)),
+        };
         let common = Common {
             held: st.held,
             owner: st.owner,
@@ -108,6 +145,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         };
         (mutex.key().to_owned(), common, None)
     };
+    let held_as = other_kind().await?;
     let text = if args.json {
         let mut object = json!({
             "name": args.name.get(),
@@ -122,6 +160,9 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         });
         if let Some(queue) = &queue {
             object["queue"] = json!(queue);
+        }
+        if let Some(kind) = held_as {
+            object["held_as"] = json!(kind.as_str());
         }
         object.to_string()
     } else {
@@ -146,10 +187,29 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
             }
             None => lines.push(format!("waiters:    {}", st.waiters)),
         }
+        if let Some(kind) = held_as {
+            lines.push(format!(
+                "held as:    {kind} (see `redlease {}`)",
+                status_command(kind, name)
+            ));
+        }
         lines.join("\n")
     };
     emit(&(text + "\n")).map_err(|e| Failure::caused(exit::FAILED, e))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The command that shows a lock of `kind` named `name`.
+fn status_command(kind: LockKind, name: &str) -> String {
+    let name = output::shown(name);
+    match kind {
+        LockKind::RwLock => format!("rwlock status {name}"),
+        LockKind::Semaphore => format!("semaphore status {name} --permits N"),
+        LockKind::Election => format!("leader {name}"),
+        LockKind::FairMutex => format!("status {name} --fair"),
+        LockKind::Legacy => format!("list {name}"),
+        _ => format!("status {name}"),
+    }
 }
 
 /// The holder's side of a mutex status, whichever kind.

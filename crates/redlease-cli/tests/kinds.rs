@@ -410,3 +410,52 @@ fn finish_child(child: &mut Child, _stdout: &mut std::io::BufReader<std::process
         thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// `status NAME` on a name another kind of lock uses says which kind, and how to see
+/// it: readers of a read-write lock leave no plain lock key (the name looked free), and
+/// a semaphore's or an election's keys cannot be read as a plain lock (it failed with
+/// "wrong type", status 69).
+#[test]
+fn status_of_a_name_held_by_another_kind_names_that_kind() {
+    let server = server();
+    let holding = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--", "sh", "-c", "echo ready; read line"]);
+        start_until_ready(at(&server, &all))
+    };
+    let mut holders = vec![
+        holding(&["rwlock", "run", "rw", "--read"]),
+        holding(&["semaphore", "run", "s", "--permits", "2"]),
+        holding(&["elect", "sched"]),
+    ];
+    let rw = output(at(&server, &["status", "rw"]));
+    assert_eq!(rw.code, 0, "{rw:?}");
+    assert!(rw.stdout.contains("held:       no"), "{rw:?}");
+    assert!(
+        rw.stdout
+            .contains("held as:    rwlock (see `redlease rwlock status rw`)"),
+        "{rw:?}"
+    );
+    let rw = json(&output(at(&server, &["status", "rw", "--json"])));
+    assert_eq!(rw["held_as"], "rwlock", "{rw}");
+    for (name, kind, command) in [
+        ("s", "a semaphore", "redlease semaphore status s --permits N"),
+        ("sched", "an election", "redlease leader sched"),
+    ] {
+        let out = output(at(&server, &["status", name]));
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(
+            out.stderr
+                .contains(&format!("is held as {kind}, not as a plain lock")),
+            "{out:?}"
+        );
+        assert!(out.stderr.contains(command), "{out:?}");
+    }
+    let free = json(&output(at(&server, &["status", "nothing", "--json"])));
+    assert_eq!(free["held"], false);
+    assert!(free.get("held_as").is_none(), "{free}");
+    for (mut child, _) in holders.drain(..) {
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        assert_eq!(finish(child, Instant::now()).code, 0);
+    }
+}

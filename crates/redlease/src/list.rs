@@ -160,6 +160,26 @@ impl Client {
         Ok(found)
     }
 
+    /// What holds the lock `name`, of whatever kind — as [`list`](Self::list) would
+    /// report it, but for one name, in one read-only step and without `SCAN`. `None`
+    /// when nothing holds it. Useful when a name may be used by another kind of lock
+    /// than the handle at hand (a [`Mutex`](crate::Mutex)'s `status` reports a name
+    /// held by readers of a [`RwLock`](crate::RwLock) as free, and a semaphore's keys
+    /// as [`Error::WrongType`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`]; [`Error::Redis`] when Redis cannot be reached or refuses
+    /// a command.
+    pub async fn lock_info(&self, name: &str) -> Result<Option<LockInfo>> {
+        LockKeys::new(&self.ctx.prefix, name)?;
+        self.describe(name).await.map_err(|source| Error::Redis {
+            name: name.to_owned(),
+            op: "lock info",
+            source,
+        })
+    }
+
     /// What holds the lock `name`, if anything.
     async fn describe(&self, name: &str) -> redis::RedisResult<Option<LockInfo>> {
         let Ok(keys) = LockKeys::new(&self.ctx.prefix, name) else {
