@@ -123,8 +123,12 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
     }
     if t.redlock && global.urls.len() < 3 {
         return usage(format!(
-            "--redlock needs at least 3 independent masters (--redis given {} time(s)); with fewer, one failure loses the majority",
-            global.urls.len()
+            "--redlock needs at least 3 independent masters (--redis given {}); with fewer, one failure loses the majority",
+            if global.urls.len() == 1 {
+                "once".to_owned()
+            } else {
+                format!("{} times", global.urls.len())
+            }
         ));
     }
     if !t.sentinel.is_empty() && global.url_given {

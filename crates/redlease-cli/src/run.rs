@@ -305,14 +305,21 @@ async fn supervise_with(
             status = child.wait() => break status.map_err(|e| Failure::caused(exit::FAILED, e))?,
             reason = &mut lost, if lost_reason.is_none() => {
                 lost_reason = Some(reason);
-                note(format_args!(
-                    "lost {} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
-                    taking.what(name),
-                    args.lost_signal,
-                    human(args.grace),
-                ));
+                if args.lost_signal == nix::sys::signal::Signal::SIGKILL {
+                    note(format_args!(
+                        "lost {} while CMD ran ({reason}); sending SIGKILL to CMD",
+                        taking.what(name),
+                    ));
+                } else {
+                    note(format_args!(
+                        "lost {} while CMD ran ({reason}); sending {} to CMD, SIGKILL in {}",
+                        taking.what(name),
+                        args.lost_signal,
+                        human(args.grace),
+                    ));
+                    kill_at = after(Instant::now(), args.grace);
+                }
                 send(&child, args.lost_signal);
-                kill_at = after(Instant::now(), args.grace);
             }
             () = until(kill_at), if kill_at.is_some() => {
                 note(format_args!("CMD did not exit within --grace {}; sending SIGKILL", human(args.grace)));
