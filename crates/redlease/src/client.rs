@@ -32,9 +32,9 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 /// Every lock, semaphore and election lives at key `<prefix><name>`. A name is 1 to
 /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
 /// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
-/// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or `}`
-/// in the key must form a complete hash tag that comes first: `{user42}.lock` and
-/// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+/// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a key with a
+/// `}` must have a complete, non-empty hash tag (a `{`, then text, then `}`):
+/// `{user42}.lock` and `a{b` (no `}`) are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
 /// non-ASCII letters — is allowed, except a key that is the fencing counter of the
 /// prefix, `{<prefix>fence}` (or its `:floor`). A lock's auxiliary keys are
 /// `{<key>}:<suffix>` — `<key>:<suffix>` when the key has a hash tag — with suffixes
@@ -210,9 +210,9 @@ impl Client {
     /// The lock lives at key `<prefix><name>`. A name is 1 to
     /// [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) (1024) bytes of UTF-8 without control
     /// characters (ASCII below 0x20, DEL, or Unicode's). Redis Cluster keeps a lock's
-    /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a `{` or
-    /// `}` in the key must form a complete hash tag that comes first: `{user42}.lock` and
-    /// `a{b` are fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
+    /// auxiliary keys in its key's hash slot by wrapping the key in `{…}`, so a key with
+    /// a `}` must have a complete, non-empty hash tag: `{user42}.lock` and `a{b` are
+    /// fine, `a}b` and `a{}b` are refused. Any other byte — spaces, `:`, `/`,
     /// non-ASCII letters — is allowed, except the fencing counter's key: see
     /// [`Client`]'s names.
     ///
@@ -556,9 +556,9 @@ impl ClientBuilder {
     }
 
     /// Key prefix for every lock (default `redlease:`; may be empty). Like a name, at
-    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters, and
-    /// a `}` in it must close a complete hash tag: [`build`](Self::build) refuses another
-    /// with [`Error::Config`].
+    /// most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes without control characters:
+    /// [`build`](Self::build) refuses another with [`Error::Config`]. (Under a prefix
+    /// with a `}` but no hash tag, only names with a hash tag of their own are valid.)
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self

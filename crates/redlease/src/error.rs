@@ -454,8 +454,11 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
 }
 
 /// A Redis URL as messages and logs may show it: the password replaced by `***`
-/// (`redis://app:s3cret@host:6379/0` → `redis://app:***@host:6379/0`). URLs without a
-/// password come back unchanged.
+/// (`redis://app:s3cret@host:6379/0` → `redis://app:***@host:6379/0`), also one given
+/// as a `pass` or `password` query parameter (`redis+unix:///r.sock?pass=s3cret`).
+/// Everything up to the last `@` counts as the user part, so a password with an
+/// unencoded `/`, `?` or `#` is hidden too (a URL with an `@` elsewhere may lose more
+/// than its password, never show it). URLs without a password come back unchanged.
 ///
 /// ```
 /// assert_eq!(redlease::redact_url("redis://:s3cret@host/0"), "redis://:***@host/0");
@@ -465,15 +468,27 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
+    let rest = match rest.rfind('@') {
         Some(at) => {
             let userinfo = &rest[..at];
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            format!("{scheme}://{user}:***{}", &rest[at..])
+            format!("{user}:***{}", &rest[at..])
         }
-        None => url.to_owned(),
-    }
+        None => rest.to_owned(),
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{scheme}://{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("pass") || k.eq_ignore_ascii_case("password") => {
+                format!("{k}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{scheme}://{path}?{}", query.join("&"))
 }
 
 /// The error of a URL redis-rs could not read, showing the URL without its password.
@@ -529,11 +544,17 @@ fn write_escaped(f: &mut std::fmt::Formatter<'_>, c: char) -> std::fmt::Result {
     }
 }
 
-/// Characters a message never shows as they are: control characters, line and
-/// paragraph separators, and the invisible marks that reorder or hide what a terminal
-/// displays (bidirectional marks, embeddings, overrides and isolates, zero-width
-/// characters, the byte order mark).
-pub(crate) fn needs_escape(c: char) -> bool {
+/// Characters redlease's messages never show as they are — control characters, line
+/// and paragraph separators, and the invisible marks that reorder or hide what a
+/// terminal displays (bidirectional marks, embeddings, overrides and isolates,
+/// zero-width characters, the byte order mark) — but escaped (`\u{1b}`). For tools
+/// that print names or values the way redlease does.
+///
+/// ```
+/// assert!(redlease::needs_escape('\x1b') && redlease::needs_escape('\u{202e}'));
+/// assert!(!redlease::needs_escape('é'));
+/// ```
+pub fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
@@ -559,6 +580,24 @@ mod tests {
         assert_eq!(redact_url("redis+unix:///tmp/r.sock"), "redis+unix:///tmp/r.sock");
         assert_eq!(redact_url("redis://u:pw@host?db=1"), "redis://u:***@host?db=1");
         assert_eq!(redact_url("not a url"), "not a url");
+        // Unencoded '#', '?' or '/' in the password.
+        for url in [
+            "redis://:se#cret@127.0.0.1:6379",
+            "redis://app:pa?ss@h/0",
+            "redis://:a/b@h",
+        ] {
+            let shown = redact_url(url);
+            assert!(
+                !shown.contains("cret") && !shown.contains("ss@") && !shown.contains("a/b"),
+                "{shown}"
+            );
+            assert!(shown.contains(":***@"), "{shown}");
+        }
+        assert_eq!(
+            redact_url("redis+unix:///tmp/r.sock?db=1&pass=topsecret&user=u"),
+            "redis+unix:///tmp/r.sock?db=1&pass=***&user=u"
+        );
+        assert_eq!(redact_url("redis://h/0?password=x"), "redis://h/0?password=***");
         let err = invalid_url(
             "redis://user:hunter2@127.0.0.1:notaport",
             RedisError::from((ErrorKind::InvalidClientConfig, "bad")),

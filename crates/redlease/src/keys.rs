@@ -49,9 +49,11 @@ impl LockKeys {
         let tagged = hash_tag(&key).is_some();
         if !tagged && key.contains('}') {
             // `{key}` would end its tag at this brace and land in another slot.
-            return Err(invalid(
-                "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot",
-            ));
+            return Err(invalid(if prefix.contains('}') {
+                "the prefix contains '}', so only a name with a {hash tag} of its own makes a key whose auxiliary keys can share its cluster slot"
+            } else {
+                "the key contains '}' without a complete {hash tag}, so its auxiliary keys could not share its cluster slot"
+            }));
         }
         if is_fence_counter(prefix, &key) {
             return Err(invalid("the key is where redlease keeps its fencing tokens"));
@@ -112,15 +114,12 @@ fn has_control(s: &str) -> bool {
     s.bytes().any(|b| b < 0x20 || b == 0x7f) || (!s.is_ascii() && s.chars().any(char::is_control))
 }
 
-/// Checks a key prefix: the rules of a name, except that it may be empty; a `}` in it
-/// must close a complete hash tag (else every untagged name would be refused for it).
+/// Checks a key prefix: the rules of a name, except that it may be empty.
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     let reason = if prefix.len() > MAX_NAME_LEN {
         "is longer than 1024 bytes"
     } else if has_control(prefix) {
         "contains control characters"
-    } else if prefix.contains('}') && hash_tag(prefix).is_none() {
-        "contains '}' without a complete {hash tag}"
     } else {
         return Ok(());
     };
@@ -465,11 +464,12 @@ mod tests {
             .to_string();
         assert!(err.contains("longer than 1024 bytes") && err.len() < 200, "{err}");
         assert!(check_prefix("{app}:").is_ok() && check_prefix("{app").is_ok());
-        let err = check_prefix("app}").unwrap_err().to_string();
-        assert!(
-            err.contains(r#""app}" contains '}' without a complete {hash tag}"#),
-            "{err}"
-        );
+        // A '}' in the prefix leaves names with a hash tag of their own; the others are
+        // refused, and the message blames the prefix.
+        assert!(check_prefix("app}").is_ok());
+        assert!(LockKeys::new("app}", "{t}x").is_ok());
+        let err = LockKeys::new("app}", "orders").unwrap_err().to_string();
+        assert!(err.contains("the prefix contains '}'"), "{err}");
     }
 
     #[test]

@@ -122,9 +122,9 @@
 //!
 //! # Waiting
 //!
-//! A release that finds registered waiters publishes on the lock's channel in the same
-//! script that frees it (one that finds none publishes nothing); waiting processes are
-//! woken through one shared pub/sub connection per client instead of polling. Where the release knows who is next — a registered waiter of the plain
+//! A release publishes on the lock's channel in the same script that frees it (a plain
+//! mutex's only when a waiter registered); waiting processes are woken through one
+//! shared pub/sub connection per client instead of polling. Where the release knows who is next — a registered waiter of the plain
 //! mutex, the head of a fair mutex's queue, registered waiters of a semaphore that fit
 //! in the permits freed — it hands the lock or the permits straight to that waiter and
 //! tells only its client, so the waiter holds them when the message arrives. A missed
@@ -151,7 +151,7 @@ mod token;
 
 pub use acl::acl_rules;
 pub use client::{Client, ClientBuilder, ClientStats, SharedConnection};
-pub use error::{CertificateProblem, Error, Result, redact_url};
+pub use error::{CertificateProblem, Error, Result, needs_escape, redact_url};
 pub use keys::{MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 pub use list::{LockInfo, LockKind};
 pub use options::{

@@ -317,5 +317,27 @@ async fn an_extend_too_short_for_the_replica_wait_is_rejected_up_front() {
     assert!(after > 25_000 && after <= before, "{before} → {after}");
     assert!(guard.is_held());
     guard.extend(Duration::from_secs(10)).await.unwrap();
-    guard.release().await.unwrap();
+    // So is an extend by token, of the plain and of the fair mutex.
+    let token = guard.forget();
+    let err = mutex
+        .extend_token(&token, Duration::from_millis(150))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    mutex.release_token(&token).await.unwrap();
+    let fair = client
+        .fair_mutex_with(
+            "fair-short",
+            LeaseOptions::new()
+                .ttl(Duration::from_secs(30))
+                .replica_ack(policy),
+        )
+        .unwrap();
+    let token = fair.lock().await.unwrap().forget();
+    let err = fair
+        .extend_token(&token, Duration::from_millis(150))
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_input(), "{err:?}");
+    fair.release_token(&token).await.unwrap();
 }

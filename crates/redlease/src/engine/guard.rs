@@ -135,7 +135,9 @@ impl LockBase {
         Op::new(&self.ctx, &self.name, &self.key, what)
     }
 
-    /// Checks a lease length for this lock; returns it in milliseconds.
+    /// Checks a new lease length for this lock — and its replica policy against it: the
+    /// wait for replicas eats into every lease as into the first — and returns it in
+    /// milliseconds.
     pub fn ttl_ms(&self, ttl: Duration) -> Result<u64> {
         let ms = keys::ttl_ms(&self.name, ttl)?;
         if self.whole_seconds && ttl.subsec_nanos() != 0 {
@@ -144,6 +146,9 @@ impl LockBase {
                 ttl,
                 reason: "a legacy lock in seconds needs a whole number of seconds",
             });
+        }
+        if let Some(policy) = &self.options.replica_ack {
+            policy.validate(&self.name, ttl, self.ctx.topology.response_timeout)?;
         }
         Ok(ms)
     }
@@ -424,10 +429,6 @@ impl GuardCore {
             Keeper::Script { base, renew, release } => (base, renew, release),
         };
         let ttl_ms = base.ttl_ms(ttl)?;
-        if let Some(policy) = &base.options.replica_ack {
-            // The wait for replicas eats into the new lease as into the first one.
-            policy.validate(&base.name, ttl, base.ctx.topology.response_timeout)?;
-        }
         let op = base.op("extend");
         if let Some(reason) = state.ended() {
             tracing::debug!(lock = %base.name, %reason, "extend after the lease ended");

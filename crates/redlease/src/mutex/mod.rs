@@ -573,9 +573,10 @@ impl Mutex {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidTtl`], [`Error::NotHeld`] when the token does not hold the lock
-    /// (nothing is changed), [`Error::NotReplicated`] as for
-    /// [`MutexGuard::extend`], and Redis errors.
+    /// [`Error::InvalidTtl`], [`Error::InvalidArgument`] when the lock's replica policy
+    /// waits longer than half of `ttl` (nothing is sent), [`Error::NotHeld`] when the
+    /// token does not hold the lock (nothing is changed), [`Error::NotReplicated`] as
+    /// for [`MutexGuard::extend`], and Redis errors.
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = s.base.ttl_ms(ttl)?;

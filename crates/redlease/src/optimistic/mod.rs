@@ -305,7 +305,7 @@ impl Transaction {
     ///   others took effect.
     /// - Whatever `f` returns as an error (the transaction is abandoned with `UNWATCH`),
     ///   and [`Error::InvalidArgument`] when `f` sends transaction-control commands
-    ///   through the `Tx`.
+    ///   through the `Tx`, or when the transaction watches no key (nothing is sent).
     /// - [`Error::Redis`] when Redis cannot be reached. If that happens while `EXEC` is
     ///   on its way, the transaction may or may not have been applied; it is not
     ///   retried.
