@@ -89,7 +89,7 @@ pub struct Cli {
     /// retried for a few seconds before redlease gives up with status 69). There is no
     /// "no timeout": 0 is refused; a long timeout such as 30days comes closest. With
     /// --redlock it bounds each master's request (default there 200ms, at most a tenth
-    /// of --ttl)
+    /// of --ttl and 2s)
     #[arg(long, global = true, help_heading = "Global options", value_name = "DUR", default_value = "2s", value_parser = response_timeout, allow_hyphen_values = true)]
     pub response_timeout: Duration,
 
@@ -280,8 +280,8 @@ pub enum Command {
 #[group(id = "lock_name", required = true, multiple = false)]
 pub struct NameArg {
     /// The name; the key is <PREFIX><NAME>. At most 1024 bytes, no control characters;
-    /// a '}' only to close a '{hash tag}' that comes first. A NAME that starts with '-'
-    /// goes in --name
+    /// a key with a '}' needs a complete '{hash tag}'. A NAME that starts with '-' goes
+    /// in --name
     #[arg(value_name = "NAME", value_parser = name)]
     positional: Option<String>,
 
@@ -307,8 +307,8 @@ impl NameArg {
 #[group(id = "lock_names", required = true, multiple = true)]
 pub struct NamesArg {
     /// The lock's name; the key is <PREFIX><NAME>. Give several to hold them all. At most
-    /// 1024 bytes, no control characters; a '}' only to close a '{hash tag}' that comes
-    /// first. A NAME that starts with '-' goes in --name
+    /// 1024 bytes, no control characters; a key with a '}' needs a complete '{hash
+    /// tag}'. A NAME that starts with '-' goes in --name
     #[arg(value_name = "NAME", value_parser = name, num_args = 1..)]
     positional: Vec<String>,
 
@@ -579,7 +579,8 @@ pub struct StatusArgs {
 
     /// Print one JSON object: name, key, held, owner, ttl_ms, fence, last_fence,
     /// since_ms, waiters (with --fair: waiters is the queue length, and queue lists the
-    /// waiters' owner labels in serving order)
+    /// waiters' owner labels in serving order), and held_as when another kind of lock
+    /// (rwlock, fair mutex, ...) uses the name
     #[arg(long)]
     pub json: bool,
 

@@ -49,12 +49,17 @@ pub fn parse() -> (Command, Global) {
         .cloned()
         .unwrap_or_else(|| cli::DEFAULT_URL.to_owned());
     let global = Global {
-        shown_url: cli
-            .redis
-            .iter()
-            .map(|u| redlease::redact_url(u))
-            .collect::<Vec<_>>()
-            .join(", "),
+        // What messages name: the sentinels when they find the server, the URLs
+        // otherwise; without passwords, and escaped.
+        shown_url: if cli.topology.sentinel.is_empty() {
+            &cli.redis
+        } else {
+            &cli.topology.sentinel
+        }
+        .iter()
+        .map(|u| output::shown(&redlease::redact_url(u)))
+        .collect::<Vec<_>>()
+        .join(", "),
         urls: cli.redis,
         url,
         url_given,
@@ -218,8 +223,7 @@ pub async fn connect(global: &Global) -> Result<redlease::Client, Failure> {
     let builder = if t.cluster {
         redlease::Client::cluster_builder(global.urls.iter().map(String::as_str)).map_err(lock_err)?
     } else if let Some(master) = &t.master {
-        redlease::Client::sentinel_builder(t.sentinel.iter().map(String::as_str), master)
-            .map_err(|e| Failure::from_lock(e, &t.sentinel.join(", ")))?
+        redlease::Client::sentinel_builder(t.sentinel.iter().map(String::as_str), master).map_err(lock_err)?
     } else {
         redlease::Client::builder(redis_client(global, &global.url)?)
     };

@@ -88,6 +88,12 @@ impl Failure {
                     .to_owned(),
             ),
             e if e.is_invalid_input() => (USAGE, "check the arguments (see --help)".to_owned()),
+            // A set-up that cannot work: nothing was asked of Redis yet.
+            E::Config { source: None, .. } => (USAGE, "check the options (see --help)".to_owned()),
+            E::Config { reason, .. } if reason.starts_with("invalid ") && reason.contains(" url") => (
+                USAGE,
+                "check the URL: redis://[user:password@]host:port[/db], rediss:// for TLS".to_owned(),
+            ),
             E::WrongType { .. } => (
                 UNAVAILABLE,
                 "another program uses that key; choose another NAME or --prefix".to_owned(),
@@ -148,6 +154,11 @@ fn unavailable_hint(err: &redlease::Error, redis: &str) -> String {
     {
         return format!(
             "{redis} refused the credentials: check the user and password in --redis URL (or REDIS_URL)"
+        );
+    }
+    if text.contains("noperm") || text.contains("no permissions") || text.contains("can't run this command") {
+        return format!(
+            "the Redis user of {redis} lacks a permission for this command: see the README's ACL section for the rules redlease needs"
         );
     }
     if text.contains("db index is out of range") || text.contains("invalid db index") {
@@ -234,7 +245,7 @@ fn one_line(text: &str) -> String {
         }
         let line = if i > 0 { line.trim_start() } else { line };
         for c in line.trim_end().chars() {
-            if c.is_control() {
+            if redlease::needs_escape(c) {
                 out.extend(c.escape_default());
             } else {
                 out.push(c);

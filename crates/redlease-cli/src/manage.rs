@@ -145,7 +145,8 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         };
         (mutex.key().to_owned(), common, None)
     };
-    let held_as = other_kind().await?;
+    // Best effort: the look needs `TYPE`, which a least-privilege ACL user may lack.
+    let held_as = other_kind().await.ok().flatten();
     let text = if args.json {
         let mut object = json!({
             "name": args.name.get(),
@@ -201,13 +202,25 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
 
 /// The command that shows a lock of `kind` named `name`.
 fn status_command(kind: LockKind, name: &str) -> String {
+    let glob_escaped = |n: &str| {
+        n.chars()
+            .flat_map(|c| {
+                matches!(c, '*' | '?' | '[' | ']' | '\\')
+                    .then_some('\\')
+                    .into_iter()
+                    .chain([c])
+            })
+            .collect::<String>()
+    };
+    if kind == LockKind::Legacy {
+        return format!("list {}", output::shown(&glob_escaped(name)));
+    }
     let name = output::shown(name);
     match kind {
         LockKind::RwLock => format!("rwlock status {name}"),
         LockKind::Semaphore => format!("semaphore status {name} --permits N"),
         LockKind::Election => format!("leader {name}"),
         LockKind::FairMutex => format!("status {name} --fair"),
-        LockKind::Legacy => format!("list {name}"),
         _ => format!("status {name}"),
     }
 }

@@ -57,7 +57,7 @@ fn shown_up_to(s: &str, max: usize) -> String {
             out.push_str(&format!("…({} bytes)", s.len()));
             break;
         }
-        if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+        if redlease::needs_escape(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

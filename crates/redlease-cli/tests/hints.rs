@@ -115,3 +115,72 @@ fn man_pages_go_into_a_directory_made_for_them() {
     assert_eq!(out.code, 73, "{out:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn status_works_for_a_user_with_only_the_documented_acl_rules() {
+    let server = server();
+    let mut acl = redis::cmd("ACL");
+    acl.arg("SETUSER").arg("locker").arg("on").arg(">pw");
+    for rule in redlease::acl_rules("redlease:") {
+        acl.arg(rule);
+    }
+    let _: () = acl.query(&mut conn(&server)).unwrap();
+    let url = format!("redis://locker:pw@127.0.0.1:{}", server.port());
+    let run = |args: &[&str]| {
+        let mut cmd = redlease();
+        cmd.args(["--redis", &url]).args(args);
+        output(cmd)
+    };
+    let taken = run(&["acquire", "x", "--ttl", "30s", "--no-wait"]);
+    assert_eq!(taken.code, 0, "{taken:?}");
+    let status = run(&["status", "x"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(status.stdout.contains("held:       yes"), "{status:?}");
+}
+
+#[test]
+fn a_set_up_that_cannot_work_is_a_usage_error_and_no_password_or_control_character_is_shown() {
+    let server = server();
+    let url = server.url();
+    // The same master twice, spelt differently (the library sees the same address).
+    let mut cmd = redlease();
+    for u in [url.clone(), format!("{url}/0"), format!("{url}/1")] {
+        cmd.args(["--redis", &u]);
+    }
+    cmd.args(["--redlock", "run", "x", "--", "true"]);
+    let out = output(cmd);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("was given twice"), "{out:?}");
+    // An invalid cluster URL.
+    let mut cmd = redlease();
+    cmd.args([
+        "--cluster",
+        "--redis",
+        "redis://127.0.0.1:notaport",
+        "status",
+        "x",
+    ]);
+    assert_eq!(output(cmd).code, 2);
+    // Sentinels are named without their passwords.
+    let mut cmd = redlease();
+    cmd.args([
+        "--sentinel",
+        "redis://u:hunter2@127.0.0.1:1",
+        "--master",
+        "m",
+        "status",
+        "x",
+    ]);
+    let out = output(cmd);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(!out.stderr.contains("hunter2"), "{out:?}");
+    // A URL with a line break in it.
+    let mut cmd = redlease();
+    cmd.args(["--redis", "redis://127.0.0.1:\r\n1", "status", "x"]);
+    let out = output(cmd);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(
+        !out.stderr.contains('\r') && out.stderr.lines().count() <= 2,
+        "{out:?}"
+    );
+}
