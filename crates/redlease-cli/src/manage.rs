@@ -85,34 +85,34 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
     let name = args.name.get();
     // Another kind of lock may use the name: a plain status cannot tell readers of a
     // read-write lock from nobody, nor read a semaphore's or an election's keys.
+    // Best effort: the look needs `TYPE`, which a least-privilege ACL user may lack.
     let other_kind = async || {
-        let info = client.lock_info(name).await.map_err(lock_err)?;
-        Ok::<_, Failure>(
-            info.map(|i| i.kind)
-                .filter(|k| !matches!((k, args.fair), (LockKind::Mutex, _) | (LockKind::FairMutex, true))),
-        )
+        let info = client.lock_info(name).await.ok().flatten();
+        info.map(|i| i.kind)
+            .filter(|k| !matches!((k, args.fair), (LockKind::Mutex, _) | (LockKind::FairMutex, true)))
     };
-    let wrong_kind = |kind: LockKind| {
-        Failure::new(
-            exit::USAGE,
-            format!(
-                "{} is held as {} {kind}, not as a {}",
-                output::shown(name),
-                if kind == LockKind::Election { "an" } else { "a" },
-                if args.fair { "fair mutex" } else { "plain lock" }
-            ),
-        )
-        .hint(format!("see `redlease {}`", status_command(kind, name)))
+    // A status that failed because another kind of lock's keys are there says so.
+    let explain = async |e: redlease::Error| match &e {
+        redlease::Error::WrongType { .. } => match other_kind().await {
+            Some(kind) => Failure::new(
+                exit::USAGE,
+                format!(
+                    "{} is held as {} {kind}, not as a {}",
+                    output::shown(name),
+                    if kind == LockKind::Election { "an" } else { "a" },
+                    if args.fair { "fair mutex" } else { "plain lock" }
+                ),
+            )
+            .hint(format!("see `redlease {}`", status_command(kind, name))),
+            None => lock_err(e),
+        },
+        _ => lock_err(e),
     };
     let (key, st, queue) = if args.fair {
         let mutex = client.fair_mutex(name).map_err(lock_err)?;
         let st = match mutex.status().await {
             Ok(st) => st,
-            Err(e @ redlease::Error::WrongType { .. }) => match other_kind().await? {
-                Some(kind) => return Err(wrong_kind(kind)),
-                None => return Err(lock_err(e)),
-            },
-            Err(e) => return Err(lock_err(e)),
+            Err(e) => return Err(explain(e).await),
         };
         let common = Common {
             held: st.held,
@@ -128,11 +128,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         let mutex = client.mutex(name).map_err(lock_err)?;
         let st = match mutex.status().await {
             Ok(st) => st,
-            Err(e @ redlease::Error::WrongType { .. }) => match other_kind().await? {
-                Some(kind) => return Err(wrong_kind(kind)),
-                None => return Err(lock_err(e)),
-            },
-            Err(e) => return Err(lock_err(e)),
+            Err(e) => return Err(explain(e).await),
         };
         let common = Common {
             held: st.held,
@@ -145,8 +141,7 @@ pub async fn status(global: &Global, args: StatusArgs) -> Result<ExitCode, Failu
         };
         (mutex.key().to_owned(), common, None)
     };
-    // Best effort: the look needs `TYPE`, which a least-privilege ACL user may lack.
-    let held_as = other_kind().await.ok().flatten();
+    let held_as = other_kind().await;
     let text = if args.json {
         let mut object = json!({
             "name": args.name.get(),
