@@ -163,7 +163,7 @@ pub struct TopologyArgs {
     /// After each acquire (and extend) of a plain lock, wait until K replicas have the
     /// write (Redis WAIT); if fewer confirm within --replica-timeout, release and fail
     /// with status 69
-    #[arg(long, global = true, help_heading = "Topology and security", value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, global = true, help_heading = "Topology and security", value_name = "K", value_parser = whole::<u32>(1, u32::MAX as u64))]
     pub wait_replicas: Option<u32>,
 
     /// How long --wait-replicas waits for the replicas: at least 1ms, at most half the
@@ -416,11 +416,11 @@ pub struct SemaphoreRunArgs {
     pub name: NameArg,
 
     /// How many permits the semaphore has; every user of NAME must pass the same number
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
+    #[arg(long, value_name = "N", value_parser = whole::<u32>(1, redlease::MAX_PERMITS as u64))]
     pub permits: u32,
 
     /// How many permits this command takes (all at once or none)
-    #[arg(long, value_name = "K", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS_PER_ACQUIRE)))]
+    #[arg(long, value_name = "K", default_value_t = 1, value_parser = whole::<u32>(1, redlease::MAX_PERMITS_PER_ACQUIRE as u64))]
     pub count: u32,
 
     #[command(flatten)]
@@ -434,7 +434,7 @@ pub struct SemaphoreStatusArgs {
 
     /// The limit to report when no permit is held (while permits are held, the stored
     /// limit is shown)
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(redlease::MAX_PERMITS)))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = whole::<u32>(1, redlease::MAX_PERMITS as u64))]
     pub permits: u32,
 
     /// Print one JSON object: name, key, limit, in_use, available, next_lapse_ms, waiters
@@ -593,7 +593,7 @@ pub struct StatusArgs {
 pub struct DemoArgs {
     /// How many workers contend for the lock (each with its own connections, like a
     /// separate process)
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = whole::<u16>(1, 256))]
     pub workers: u16,
 
     /// How long the workers run (at most 30 days)
@@ -704,6 +704,28 @@ fn grace(s: &str) -> Result<Duration, String> {
 
 fn demo_duration(s: &str) -> Result<Duration, String> {
     bounded(s, Duration::ZERO, LONGEST)
+}
+
+/// A whole number from `lo` to `hi`, refused in words ("a whole number from 1 to 256")
+/// rather than as a Rust range.
+fn whole<T>(lo: u64, hi: u64) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<u64>,
+{
+    move |s| {
+        s.trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (lo..=hi).contains(n))
+            .and_then(|n| T::try_from(n).ok())
+            .ok_or_else(|| {
+                if hi == u64::from(u32::MAX) {
+                    format!("must be a whole number, at least {lo}")
+                } else {
+                    format!("must be a whole number from {lo} to {hi}")
+                }
+            })
+    }
 }
 
 /// `--response-timeout`: at least 1ms — a zero timeout would fail every request.
@@ -835,6 +857,21 @@ mod tests {
         assert!(ttl("5ms").unwrap_err().contains("10ms"));
         assert!(ttl("31days").unwrap_err().contains("30 days"));
         assert_eq!(ttl("10ms").unwrap(), Duration::from_millis(10));
+    }
+
+    #[test]
+    fn counts_are_refused_in_words() {
+        let workers = whole::<u16>(1, 256);
+        assert_eq!(workers("8"), Ok(8));
+        assert_eq!(workers("0").unwrap_err(), "must be a whole number from 1 to 256");
+        assert_eq!(
+            workers("257").unwrap_err(),
+            "must be a whole number from 1 to 256"
+        );
+        assert_eq!(workers("-1").unwrap_err(), "must be a whole number from 1 to 256");
+        let replicas = whole::<u32>(1, u32::MAX as u64);
+        assert_eq!(replicas("0").unwrap_err(), "must be a whole number, at least 1");
+        assert_eq!(replicas("4294967295"), Ok(u32::MAX));
     }
 
     #[test]

@@ -373,7 +373,9 @@ fn summary(shared: &Shared, elapsed: Duration, counter: u64) -> Result<(), Failu
         lost,
         stats.acquisitions
     );
-    if stats.fences_out_of_order == 0 {
+    if stats.acquisitions == 0 {
+        say!("  fencing tokens   none issued");
+    } else if stats.fences_out_of_order == 0 {
         say!(
             "  fencing tokens   monotonic: each of {} was greater than the one before",
             stats.acquisitions
@@ -395,7 +397,11 @@ fn summary(shared: &Shared, elapsed: Duration, counter: u64) -> Result<(), Failu
             "mutual exclusion broke: see the summary above",
         ));
     }
-    say!("all good: no update lost, fencing tokens in order.");
+    if stats.acquisitions == 0 {
+        say!("nothing to check: no worker took the lock within --duration.");
+    } else {
+        say!("all good: no update lost, fencing tokens in order.");
+    }
     Ok(())
 }
 
