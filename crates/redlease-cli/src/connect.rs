@@ -76,7 +76,11 @@ pub fn parse() -> (Command, Global) {
 /// control character in it cannot rewrite the terminal, and a 10 KB value does not
 /// fill it.
 pub fn shown_safely(mut e: clap::Error) -> clap::Error {
-    use clap::error::ContextValue;
+    use clap::error::{ContextKind, ContextValue};
+    let invalid = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => Some(arg.clone()),
+        _ => None,
+    };
     let quoted: Vec<_> = e
         .context()
         .filter_map(|(kind, value)| match value {
@@ -99,6 +103,21 @@ pub fn shown_safely(mut e: clap::Error) -> clap::Error {
         .collect();
     for (kind, value) in quoted {
         e.insert(kind, value);
+    }
+    // clap's tip for a value that starts with '-' is to put it after '--', which for
+    // `run` and `elect` is where CMD starts: a command that takes a NAME has --name.
+    // (clap reports `-dash` as its first letter, `-d`: the tip names the whole word.)
+    let takes_name = matches!(e.get(ContextKind::Usage), Some(ContextValue::StyledStr(u)) if u.to_string().contains("--name <NAME>"));
+    if let (true, Some(arg)) = (takes_name, invalid)
+        && arg.starts_with('-')
+        && !arg.starts_with("--")
+    {
+        let word = std::env::args().find(|a| a.starts_with(&arg)).unwrap_or(arg);
+        let tip = format!(
+            "to give a NAME that starts with '-', use '--name={}'",
+            output::shown(&word)
+        );
+        e.insert(ContextKind::Suggested, ContextValue::StyledStrs(vec![tip.into()]));
     }
     e
 }

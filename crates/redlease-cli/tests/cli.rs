@@ -126,6 +126,13 @@ fn rejected_values_are_echoed_escaped_and_shortened() {
 #[test]
 fn a_name_starting_with_a_dash_is_addressable_by_every_command() {
     let server = server();
+    // Given as a NAME, it reads as an unknown option; the tip is --name (after '--'
+    // comes CMD).
+    for args in [&["run", "-dash", "--", "true"][..], &["status", "-dash"]] {
+        let out = output(at(&server, args));
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(out.stderr.contains("use '--name=-dash'"), "{out:?}");
+    }
     let mut redis = conn(&server);
     let acquired = json(&output(at(
         &server,
