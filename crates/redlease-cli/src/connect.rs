@@ -133,18 +133,6 @@ pub fn check_topology(global: &Global, command: &Command) -> Result<(), Failure>
             global.urls.len()
         ));
     }
-    if t.redlock
-        && let Some(twice) = global
-            .urls
-            .iter()
-            .enumerate()
-            .find_map(|(i, u)| global.urls[..i].contains(u).then_some(u))
-    {
-        return usage(format!(
-            "--redis {} was given twice; --redlock needs independent masters, one per server",
-            output::shown(&redlease::redact_url(twice))
-        ));
-    }
     if t.redlock && global.urls.len() < 3 {
         return usage(format!(
             "--redlock needs at least 3 independent masters (--redis given {}); with fewer, one failure loses the majority",
