@@ -78,7 +78,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_acquire.lua",
-        0x4dfc7edc826aa882,
+        0x5e2f6b4d586ad93b,
         "server.rs: Server::sem_acquire"
     ),
     mirrored!(
@@ -93,7 +93,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "sem_waiters.lua",
-        0x753bd3a5574f8a8d,
+        0x0873d50350e7d26c,
         "server.rs: Server::sem_hand_out"
     ),
     mirrored!(

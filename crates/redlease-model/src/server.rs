@@ -319,17 +319,18 @@ impl Server {
         let used = self.permits.len();
         if used + 1 > usize::from(limit) {
             // Already ours: extended to the full lease (`ZADD XX GT`), the registration
-            // left.
+            // left first, then the lapsed room (if any) handed to the waiters that fit.
             if let Some((_, deadline)) = self.permits.iter_mut().find(|(p, _)| *p == token) {
                 *deadline = (*deadline).max(t.ttl);
                 let left = *deadline;
                 self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
+                let granted = self.sem_hand_out(t, limit);
                 return (
                     Reply::Acquired {
                         fence: None,
                         pttl: Some(Some(left)),
                     },
-                    Vec::new(),
+                    granted,
                 );
             }
             // Register (ZADD: a new attempt moves the deadline on, behind the others').
@@ -350,8 +351,9 @@ impl Server {
         self.permits.retain(|(p, _)| *p != token);
         self.permits.push((token, t.ttl));
         self.permits.sort();
-        // A waiter leaves its registration: a retry whose first try registered (its
-        // reply lost) must not leave one behind for a release to serve.
+        // A waiter leaves its registration — a retry whose first try registered (its
+        // reply lost) must not leave one behind for a release to serve — before the
+        // room it leaves is handed out, so that its own registration is not handed any.
         self.names[0].waiters.retain(|&w| w != Waiter::Take(token));
         let granted = self.sem_hand_out(t, limit);
         (

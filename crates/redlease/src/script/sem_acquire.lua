@@ -50,8 +50,8 @@ if stored and stored ~= ARGV[2] and used > 0 then
 end
 local limit = tonumber(ARGV[2])
 -- Lapsed permits pruned here make room no release will announce: what we do not take
--- goes to registered waiters. Done before anything of ours is written: a fencing
--- counter of another type fails the call with nothing of ours taken.
+-- goes to registered waiters. Done before any permit of ours is written: a fencing
+-- counter of another type fails the call with nothing taken (our registration left).
 local function share_lapsed(taken)
   if lapsed > 0 and used + taken < limit then
     local free = hand_out(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[2], ARGV[6], ARGV[7],
@@ -63,7 +63,22 @@ local function share_lapsed(taken)
   return nil
 end
 if used + count <= limit then
-  local failed = share_lapsed(count)
+  if ARGV[4] ~= '0' then
+    -- Leave the registration this acquisition made — an earlier attempt's, or this very
+    -- request's when it is a retry whose first try registered and lost its reply —
+    -- before sharing the lapsed room: handed a share, it would count our room twice
+    -- and keep it from the waiters that fit. (Left behind, a later release would hand
+    -- permits to it, and rewrite our permits' deadline to its short claim window.)
+    redis.call('ZREM', KEYS[3], reg)
+  end
+  -- Permits of ours already held (handed to us by a release, or taken by this very
+  -- request's first try whose reply was lost) are counted in `used`: they take no room
+  -- beyond it.
+  local taken = count
+  if lapsed > 0 and redis.call('ZSCORE', KEYS[1], token .. ':1') then
+    taken = 0
+  end
+  local failed = share_lapsed(taken)
   if failed then
     return failed
   end
@@ -78,13 +93,6 @@ if used + count <= limit then
   else
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
   end
-  if ARGV[4] ~= '0' then
-    -- Leave a registration this acquisition made: an earlier attempt's, or
-    -- this very request's when it is a retry whose first try registered and lost its
-    -- reply. Left behind, a release would hand permits to it — and rewrite the deadline
-    -- of the permits we hold to its short claim window.
-    redis.call('ZREM', KEYS[3], reg)
-  end
   return 1
 end
 local mine = redis.call('ZSCORE', KEYS[1], token .. ':1')
@@ -92,6 +100,15 @@ if mine then
   -- Already ours: a retry after a lost reply, or permits handed to us (by a release, or
   -- by a task of our client) that we take up late. They last the full lease from now
   -- (never shorter: ZADD XX GT), so that the guard does not start out nearly lost.
+  if ARGV[4] ~= '0' then
+    redis.call('ZREM', KEYS[3], reg)
+  end
+  -- (Ours are among those held: the lapsed room goes to the waiters that fit in it, as
+  -- above.)
+  local failed = share_lapsed(0)
+  if failed then
+    return failed
+  end
   local args = {}
   local deadline = string.format('%d', now + tonumber(ARGV[3]))
   for i = 1, count do
@@ -101,9 +118,6 @@ if mine then
   redis.call('ZADD', KEYS[1], 'XX', 'GT', unpack(args))
   expire_at_least(KEYS[1], ARGV[3])
   expire_at_least(KEYS[2], ARGV[3])
-  if ARGV[4] ~= '0' then
-    redis.call('ZREM', KEYS[3], reg)
-  end
   return {1, math.max(tonumber(mine) - now, tonumber(ARGV[3]))}
 end
 local first = redis.call('ZRANGE', KEYS[1], '0', '0', 'WITHSCORES')

@@ -74,7 +74,10 @@ local function hand_out(permits, limit, waiters, counter, floor, limit_arg, pref
     else
       redis.call('PEXPIRE', permits, claim, 'GT')
     end
-    if redis.call('PTTL', limit) < tonumber(claim) then
+    -- (The limit in force may still be stored as another one when no permit was held
+    -- before this hand-out — the key outlives a released holder's permits: the
+    -- permits handed out make this one the limit.)
+    if redis.call('GET', limit) ~= limit_arg or redis.call('PTTL', limit) < tonumber(claim) then
       redis.call('SET', limit, limit_arg, 'PX', claim)
     end
   end
