@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
+use crate::engine::deadline::later;
 use crate::engine::lease::Lease;
 use crate::token::Token;
 
@@ -56,6 +57,8 @@ pub(crate) struct Waiter<L, H> {
     pub token: Token,
     /// The handle the waiter acquires through: the lease it asked for.
     pub handle: H,
+    /// How long the waiter has to take up a turn it is given.
+    grace: std::time::Duration,
     tx: oneshot::Sender<Handed<L>>,
 }
 
@@ -81,9 +84,14 @@ struct State<L, H> {
     /// The lock was handed over to a waiter that has not taken it up yet: it holds in
     /// Redis until then, and not after (the turn is revoked if it is not taken up).
     handed_until: Option<tokio::time::Instant>,
+    /// The turn was passed to a waiter that has not taken it up yet (its task may not be
+    /// polled): revoked if it has not by then.
+    turn_until: Option<tokio::time::Instant>,
     queue: VecDeque<Waiter<L, H>>,
     /// Hand-overs since the lock last came through Redis.
     streak: u32,
+    /// The waiter picked for a hand-over under way (its script not answered yet).
+    handing: Option<u64>,
     next_id: u64,
 }
 
@@ -101,8 +109,10 @@ impl<L, H> Default for LocalLock<L, H> {
                 turn: 0,
                 holder: None,
                 handed_until: None,
+                turn_until: None,
                 queue: VecDeque::new(),
                 streak: 0,
+                handing: None,
                 next_id: 0,
             }),
         }
@@ -139,7 +149,13 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     /// Becomes the representative if nobody local has the lock — or the local holder's
     /// lease ended without a release, which revokes its turn; else, unless `try_only`,
     /// joins the queue (through `handle`).
-    pub fn enter(self: &Arc<Self>, token: &Token, try_only: bool, handle: impl FnOnce() -> H) -> Entry<L> {
+    pub fn enter(
+        self: &Arc<Self>,
+        token: &Token,
+        try_only: bool,
+        grace: std::time::Duration,
+        handle: impl FnOnce() -> H,
+    ) -> Entry<L> {
         // Looking at the holder's lease ends it if it ran out, which revokes its turn
         // through the lease's hook (see `hold`): look before taking the state, which
         // the hook takes too.
@@ -163,6 +179,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             id,
             token: token.clone(),
             handle: handle(),
+            grace,
             tx,
         });
         Entry::Queued(Queued { id, rx })
@@ -197,6 +214,8 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         }
         st.holder = Some(lease.clone());
         st.handed_until = None;
+        st.turn_until = None;
+        st.handing = None;
         drop(st);
         let local = Arc::downgrade(self);
         let number = turn.number;
@@ -236,11 +255,17 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         st.turn += 1;
         st.holder = None;
         st.handed_until = None;
+        st.turn_until = None;
+        st.handing = None;
         st.streak = 0;
         // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         while let Some(waiter) = st.queue.pop_front() {
+            let until = later(tokio::time::Instant::now(), waiter.grace);
             match waiter.send(Handed::Turn(Turn::new(self.clone(), st.turn))) {
-                Ok(()) => return,
+                Ok(()) => {
+                    st.turn_until = Some(until);
+                    return;
+                }
                 // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
@@ -265,6 +290,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             if w.is_waiting() {
                 st.streak += 1;
                 st.holder = None;
+                st.handing = Some(w.id);
                 return Some(w);
             }
         }
@@ -279,6 +305,36 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         let mut st = self.state.lock().expect("local lock");
         if st.turn == turn.number {
             st.handed_until = Some(until);
+            st.handing = None;
+        }
+    }
+
+    /// Waiter `id` was picked for a hand-over that has not come (the releasing task
+    /// stalled): the turn that hand-over carries is revoked, and the waiter takes a
+    /// fresh one — it is still the next in line, and the tasks behind it wait for it
+    /// rather than for the stalled release. `None` if the hand-over is no longer under
+    /// way (it came, failed or was revoked meanwhile).
+    pub fn take_over(self: &Arc<Self>, id: u64) -> Option<Turn> {
+        let mut st = self.state.lock().expect("local lock");
+        if st.handing != Some(id) || !st.busy {
+            return None;
+        }
+        st.turn += 1;
+        st.holder = None;
+        st.handed_until = None;
+        st.turn_until = None;
+        st.handing = None;
+        st.streak = 0;
+        Some(Turn::new(self.clone(), st.turn))
+    }
+
+    /// The waiter that was passed `turn` (or a hand-over it cannot rely on, which
+    /// carries it) has taken it up: its task runs, and acquires through Redis.
+    pub fn taken_up(&self, turn: &Turn) {
+        let mut st = self.state.lock().expect("local lock");
+        if st.turn == turn.number {
+            st.turn_until = None;
+            st.handed_until = None;
         }
     }
 
@@ -290,12 +346,10 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     }
 
     fn revoke_if_not_taken_up(self: &Arc<Self>, st: &mut State<L, H>) {
-        if st
-            .handed_until
-            .is_some_and(|until| tokio::time::Instant::now() >= until)
-            && st.busy
-        {
-            tracing::debug!("a local hand-over was not taken up in time; the turn passes on");
+        let now = tokio::time::Instant::now();
+        let lapsed = |until: Option<tokio::time::Instant>| until.is_some_and(|until| now >= until);
+        if (lapsed(st.handed_until) || lapsed(st.turn_until)) && st.busy {
+            tracing::debug!("a local hand-over or turn was not taken up in time; the turn passes on");
             self.revoke_locked(st);
         }
     }
@@ -313,9 +367,15 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         }
         st.holder = None;
         st.handed_until = None;
+        st.turn_until = None;
+        st.handing = None;
         while let Some(waiter) = st.queue.pop_front() {
+            let until = later(tokio::time::Instant::now(), waiter.grace);
             match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
-                Ok(()) => return,
+                Ok(()) => {
+                    st.turn_until = Some(until);
+                    return;
+                }
                 // Gone: disarm the turn we got back (we hold the state) and go on.
                 Err(Handed::Turn(mut turn)) => turn.local = None,
                 Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
@@ -382,16 +442,21 @@ mod tests {
     #[test]
     fn turns_pass_in_arrival_order_and_skip_the_departed() {
         let local = local();
-        let Entry::Representative(first) = local.enter(&token(), false, || ()) else {
+        let Entry::Representative(first) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!("the first task represents")
         };
         assert!(
-            matches!(local.enter(&token(), true, || ()), Entry::Busy),
+            matches!(
+                local.enter(&token(), true, std::time::Duration::from_secs(1), || ()),
+                Entry::Busy
+            ),
             "try_only does not queue"
         );
         let mut queued = Vec::new();
         for _ in 0..3 {
-            match local.enter(&token(), false, || ()) {
+            match local.enter(&token(), false, std::time::Duration::from_secs(1), || ()) {
                 Entry::Queued(q) => queued.push((q.id, q.rx)),
                 _ => panic!("busy: queued"),
             }
@@ -421,13 +486,15 @@ mod tests {
     #[test]
     fn the_last_turn_frees_the_lock() {
         let local = local();
-        let Entry::Representative(turn) = local.enter(&token(), false, || ()) else {
+        let Entry::Representative(turn) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!()
         };
         drop(turn);
         assert!(!local.state.lock().unwrap().busy);
         assert!(matches!(
-            local.enter(&token(), true, || ()),
+            local.enter(&token(), true, std::time::Duration::from_secs(1), || ()),
             Entry::Representative(_)
         ));
     }
@@ -435,12 +502,14 @@ mod tests {
     #[test]
     fn hand_overs_stop_at_the_budget() {
         let local = local();
-        let Entry::Representative(rep) = local.enter(&token(), false, || ()) else {
+        let Entry::Representative(rep) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!()
         };
         let mut rxs = Vec::new();
         for _ in 0..HANDOFF_BUDGET + 2 {
-            if let Entry::Queued(q) = local.enter(&token(), false, || ()) {
+            if let Entry::Queued(q) = local.enter(&token(), false, std::time::Duration::from_secs(1), || ()) {
                 let rx = q.rx;
                 rxs.push(rx);
             }
@@ -459,13 +528,19 @@ mod tests {
     #[test]
     fn a_revoked_turn_neither_hands_over_nor_passes_again() {
         let local = local();
-        let Entry::Representative(old) = local.enter(&token(), false, || ()) else {
+        let Entry::Representative(old) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!()
         };
-        let Entry::Queued(Queued { rx: mut rx1, .. }) = local.enter(&token(), false, || ()) else {
+        let Entry::Queued(Queued { rx: mut rx1, .. }) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!()
         };
-        let Entry::Queued(Queued { rx: mut rx2, .. }) = local.enter(&token(), false, || ()) else {
+        let Entry::Queued(Queued { rx: mut rx2, .. }) =
+            local.enter(&token(), false, std::time::Duration::from_secs(1), || ())
+        else {
             panic!()
         };
         local.revoke(old.number);

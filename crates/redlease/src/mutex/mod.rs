@@ -191,6 +191,12 @@ impl Mutex {
     /// that may have reached Redis is compare-and-deleted in the background), and a
     /// wake-up it consumed is passed on to another waiter.
     ///
+    /// A future that is neither polled nor dropped (its task stalled): a lock or a turn
+    /// another task of this client handed it is taken back after the claim window
+    /// (the lease, at most 2 s), and the tasks queued behind it move on. One that is
+    /// itself acquiring through Redis keeps this client's place until it is polled or
+    /// dropped, as a pending `tokio::sync::Mutex::lock()` keeps its place.
+    ///
     /// # Errors
     ///
     /// [`Error::NotReplicated`] as for [`try_lock`](Mutex::try_lock) (the call does not
@@ -231,7 +237,8 @@ impl Mutex {
         let started = Instant::now();
         // Tasks of this client queue locally behind the local holder; one at a time
         // goes to Redis. A hand-over gives a waiter the lease its own handle asks for.
-        let turn = match s.local.enter(&token, !wait.waits(), || self.clone()) {
+        let claim = grant_claim(s.base.options.ttl);
+        let turn = match s.local.enter(&token, !wait.waits(), claim, || self.clone()) {
             Entry::Busy => {
                 // Held (or being acquired) by a task of this client: no need to try, but
                 // tell the caller how long the lease has left.
@@ -249,7 +256,6 @@ impl Mutex {
                 // whether the lock was handed to a task of this client that has not
                 // taken it up (its future is not polled) and lapsed in Redis: the turn
                 // is then revoked and passed on.
-                let claim = grant_claim(s.base.options.ttl);
                 let mut picked = false;
                 loop {
                     let bound = Deadline::after(claim).min(wait.deadline());
@@ -261,9 +267,15 @@ impl Mutex {
                             }
                             // Taken up too late (the task was not polled): ask Redis,
                             // with the token the lock was handed to.
-                            Err(turn) => break Some(turn),
+                            Err(turn) => {
+                                s.local.taken_up(&turn);
+                                break Some(turn);
+                            }
                         },
-                        Some(Handed::Turn(turn)) => break Some(turn),
+                        Some(Handed::Turn(turn)) => {
+                            s.local.taken_up(&turn);
+                            break Some(turn);
+                        }
                         None if wait.deadline().passed() => {
                             // Gave up: leave the queue. Whatever was sent meanwhile is
                             // dropped with `queued`, which passes it on (a turn) or
@@ -279,13 +291,16 @@ impl Mutex {
                             // Picked for a hand-over under way onto our token, and still
                             // nothing a claim window later: the releasing task has
                             // stalled (its future is not polled). To Redis with a fresh
-                            // token and no turn; a hand-over that still lands on the old
-                            // token comes to nobody here, and is released.
+                            // token, taking over the turn the stalled hand-over carries
+                            // (the tasks behind wait for this one, not for the stalled
+                            // release); a hand-over that still lands on the old token
+                            // comes to nobody here, and is released.
                             let out = !s.local.is_queued(queued.id);
                             if picked && out {
+                                let turn = s.local.take_over(queued.id);
                                 drop(queued);
                                 token = Token::for_owner(&s.base.ctx.label);
-                                break None;
+                                break turn;
                             }
                             picked = out;
                         }
@@ -752,6 +767,10 @@ pub(crate) struct HandedLock {
     sent: Instant,
     remaining: Duration,
     turn: Option<Turn>,
+    /// The hand-over is confirmed. When not (its reply never came), the lock may or may
+    /// not be on the waiter's token: the waiter asks Redis — or, if it has gone, the
+    /// token is compare-and-deleted.
+    landed: bool,
 }
 
 impl HandedLock {
@@ -760,7 +779,7 @@ impl HandedLock {
     /// Redis finds it there, with a full lease).
     fn if_reliable(mut self) -> std::result::Result<MutexGuard, Turn> {
         let ttl = self.mutex.shared.base.options.ttl;
-        if still_reliable(self.sent, self.remaining, ttl) {
+        if self.landed && still_reliable(self.sent, self.remaining, ttl) {
             return Ok(self.into_guard());
         }
         self.token = None;
@@ -785,17 +804,31 @@ impl HandedLock {
 
 impl Drop for HandedLock {
     fn drop(&mut self) {
-        if self.token.is_some() {
-            let handed = HandedLock {
-                mutex: self.mutex.clone(),
-                token: self.token.take(),
-                fence: self.fence,
-                sent: self.sent,
-                remaining: self.remaining,
-                turn: self.turn.take(),
-            };
-            drop(handed.into_guard());
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        if !self.landed {
+            // Whatever may have landed on the token is given back; then the turn passes on.
+            let s = &self.mutex.shared;
+            spawn_release(
+                s.base.ctx.clone(),
+                s.base.name.clone(),
+                self.mutex.release_call(&token),
+                s.base.options.ttl,
+            );
+            drop(self.turn.take());
+            return;
         }
+        let handed = HandedLock {
+            mutex: self.mutex.clone(),
+            token: Some(token),
+            fence: self.fence,
+            sent: self.sent,
+            remaining: self.remaining,
+            turn: self.turn.take(),
+            landed: true,
+        };
+        drop(handed.into_guard());
     }
 }
 
@@ -838,6 +871,7 @@ impl Popped {
             sent,
             remaining,
             turn: self.turn.take(),
+            landed: true,
         };
         // A waiter that has gone drops the value it is given back: released.
         let _ = waiter.send(Handed::Lock(handed));
@@ -849,19 +883,28 @@ impl Drop for Popped {
         let Some(waiter) = self.waiter.take() else {
             return;
         };
-        let token = waiter.token.clone();
-        let undelivered = match self.turn.take() {
-            Some(turn) => waiter.send(Handed::Turn(turn)).is_err(),
-            None => true,
-        };
-        if undelivered {
-            let s = &self.mutex.shared;
-            spawn_release(
-                s.base.ctx.clone(),
-                s.base.name.clone(),
-                self.mutex.release_call(&token),
-                s.base.options.ttl,
-            );
+        // The hand-over may have landed on the waiter's token: the waiter is given the
+        // turn with the duty to find out (its acquire through Redis recognises the lock
+        // as its own); dropped unclaimed — the waiter has gone, now or before it takes
+        // it up — the token is compare-and-deleted and the turn passed on.
+        if let Some(turn) = &self.turn {
+            // Until the waiter takes it up; if it does not in time (its task is not
+            // polled), its turn is revoked.
+            let grace = grant_claim(waiter.handle.shared.base.options.ttl);
+            self.mutex
+                .shared
+                .local
+                .handed_over(turn, later(Instant::now(), grace));
         }
+        let handed = HandedLock {
+            mutex: waiter.handle.clone(),
+            token: Some(waiter.token.clone()),
+            fence: 0,
+            sent: Instant::now(),
+            remaining: Duration::ZERO,
+            turn: self.turn.take(),
+            landed: false,
+        };
+        let _ = waiter.send(Handed::Lock(handed));
     }
 }
