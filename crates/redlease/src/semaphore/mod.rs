@@ -333,13 +333,15 @@ impl Semaphore {
                     loop {
                         match queued.wait(bound).await {
                             Some(Handed::Permits(handed)) => match handed.if_reliable() {
-                                Some(permit) => {
+                                Ok(permit) => {
                                     tracing::debug!(semaphore = %s.base.name, permits = n, "permits handed over locally");
                                     return Ok(permit);
                                 }
-                                // Taken up too late (the task was not polled): ask Redis,
+                                // Taken up too late (the task was not polled), or a
+                                // hand-over that may or may not have landed: ask Redis,
                                 // with the token the permits were moved to.
-                                None => break Some(s.local.to_redis(request)),
+                                Err(Some(turn)) => break Some(turn.into_redis(&s.local, request)),
+                                Err(None) => break Some(s.local.to_redis(request)),
                             },
                             Some(Handed::Turn(turn)) => break Some(turn.into_redis(&s.local, request)),
                             None if wait.deadline().passed() => {
@@ -722,19 +724,28 @@ pub(crate) struct HandedPermits {
     permits: u32,
     sent: Instant,
     remaining: Duration,
+    /// The hand-over is confirmed. When not (its reply never came: the releasing
+    /// future was dropped, or the script failed), the permits may or may not be on the
+    /// waiter's token: the waiter asks Redis with it — or, if it has gone, whatever is
+    /// on the token is given back.
+    landed: bool,
+    /// The turn to go to Redis, with an unconfirmed hand-over: passed on if the waiter
+    /// has gone.
+    turn: Option<Turn>,
 }
 
 impl HandedPermits {
-    /// The permit, if the hand-over can still be relied on without a round trip (the
-    /// permits may still be on the waiter's token: its own acquire through Redis finds
-    /// them there, with a full lease).
-    fn if_reliable(mut self) -> Option<Permit> {
+    /// The permit, if the hand-over is confirmed and can still be relied on without a
+    /// round trip; else the turn it carries, if any (the permits may still be on the
+    /// waiter's token: its own acquire through Redis finds them there, with a full
+    /// lease).
+    fn if_reliable(mut self) -> std::result::Result<Permit, Option<Turn>> {
         let ttl = self.semaphore.shared.base.options.ttl;
-        if still_reliable(self.sent, self.remaining, ttl) {
-            return Some(self.into_permit());
+        if self.landed && still_reliable(self.sent, self.remaining, ttl) {
+            return Ok(self.into_permit());
         }
         self.token = None;
-        None
+        Err(self.turn.take())
     }
 
     fn into_permit(mut self) -> Permit {
@@ -755,24 +766,42 @@ impl HandedPermits {
 
 impl Drop for HandedPermits {
     fn drop(&mut self) {
-        if self.token.is_some() {
-            let handed = HandedPermits {
-                semaphore: self.semaphore.clone(),
-                token: self.token.take(),
-                permits: self.permits,
-                sent: self.sent,
-                remaining: self.remaining,
-            };
-            drop(handed.into_permit());
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        if !self.landed {
+            // Whatever may have landed on the token is given back (to the waiters in
+            // Redis); then the turn passes on.
+            let s = &self.semaphore.shared;
+            spawn_release(
+                s.base.ctx.clone(),
+                s.base.name.clone(),
+                self.semaphore
+                    .release_call(&token, &self.permits.to_string().into(), "".into()),
+                s.base.options.ttl,
+            );
+            drop(self.turn.take());
+            return;
         }
+        let handed = HandedPermits {
+            semaphore: self.semaphore.clone(),
+            token: Some(token),
+            permits: self.permits,
+            sent: self.sent,
+            remaining: self.remaining,
+            landed: true,
+            turn: self.turn.take(),
+        };
+        drop(handed.into_permit());
     }
 }
 
 /// A queued task picked for a hand-over that is under way. If the hand-over does not
 /// complete (the script failed, our permits were gone, or the releasing future was
-/// dropped), the task gets the turn instead and acquires through Redis with its own
-/// token — which also finds a hand-over that did land. If the task has gone too,
-/// permits that may have landed on its token are released.
+/// dropped), the task gets an unconfirmed hand-over carrying the turn instead, and
+/// acquires through Redis with its own token — which also finds a hand-over that did
+/// land. If the task has gone, now or before it reads what it was sent, permits that
+/// may have landed on its token are released.
 struct Popped {
     waiter: Option<Waiter>,
     local: Arc<LocalSemaphore>,
@@ -791,6 +820,8 @@ impl Popped {
             permits: waiter.request().permits,
             sent,
             remaining,
+            landed: true,
+            turn: None,
         };
         // A task that has gone drops what it is given back: handed on or released.
         let _ = waiter.send(Handed::Permits(handed));
@@ -802,20 +833,19 @@ impl Drop for Popped {
         let Some(waiter) = self.waiter.take() else {
             return;
         };
-        let (token, semaphore, permits) = (
-            waiter.token.clone(),
-            waiter.semaphore.clone(),
-            waiter.request().permits,
-        );
-        let turn = Turn::for_waiter(&self.local, &waiter);
-        if waiter.send(Handed::Turn(turn)).is_err() {
-            let s = &semaphore.shared;
-            spawn_release(
-                s.base.ctx.clone(),
-                s.base.name.clone(),
-                semaphore.release_call(&token, &permits.to_string().into(), "".into()),
-                s.base.options.ttl,
-            );
-        }
+        // The hand-over may have landed on the waiter's token: the waiter is given the
+        // turn with the duty to find out (its acquire through Redis recognises the
+        // permits as its own); dropped unread — the waiter has gone, now or before it
+        // reads it — the token's permits are given back and the turn passed on.
+        let handed = HandedPermits {
+            semaphore: waiter.semaphore.clone(),
+            token: Some(waiter.token.clone()),
+            permits: waiter.request().permits,
+            sent: Instant::now(),
+            remaining: Duration::ZERO,
+            landed: false,
+            turn: Some(Turn::for_waiter(&self.local, &waiter)),
+        };
+        let _ = waiter.send(Handed::Permits(handed));
     }
 }
