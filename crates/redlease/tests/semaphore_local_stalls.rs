@@ -223,3 +223,72 @@ async fn a_turn_passed_to_an_unpolled_task_does_not_block_the_queue() {
     got.release().await.unwrap();
     drop(unpolled);
 }
+
+/// Permits handed over locally to a queued task whose future is alive but not polled:
+/// nobody renews them, and "a permit handed to a waiter whose task is not being polled
+/// lapses after [the claim window of a hand-over, at most 2 s]" and "is found by a
+/// queued task within the same window" (the local module), as a grant to a waiter in
+/// Redis is. The client's task queued behind the unpolled one (or the one in Redis) must
+/// get it then — not after the whole 15 s lease of a permit nobody renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_handed_to_an_unpolled_task_lapse_after_the_claim_window() {
+    let server = server();
+    let conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let sem = c
+        .semaphore_with(
+            "unpolled-handed",
+            1,
+            LeaseOptions::new().ttl(Duration::from_secs(15)),
+        )
+        .unwrap();
+    let held = sem.acquire().await.unwrap();
+    let mut in_redis = one_in_redis(&conn, &sem, Duration::from_secs(30)).await;
+    let mut unpolled = acquiring(&sem);
+    poll_once(&mut unpolled).await;
+    until_waiters(&sem, 2).await;
+    let behind = acquiring_timeout(&sem, Duration::from_secs(30));
+    let mut behind = tokio::spawn(async move { (behind.await, Instant::now()) });
+    until_waiters(&sem, 3).await;
+    let released = Instant::now();
+    // Handed to the unpolled task (the first queued) in one script.
+    held.release().await.unwrap();
+    let ((result, at), other) = within(25.0, "the first task to get the permit", async {
+        tokio::select! {
+            r = &mut in_redis => (r.unwrap(), behind),
+            r = &mut behind => (r.unwrap(), in_redis),
+        }
+    })
+    .await;
+    let waited = at.duration_since(released);
+    let got = result.expect("a task of the client gets the permit");
+    assert!(got.is_held());
+    assert!(
+        waited < Duration::from_secs(6),
+        "the permit handed to the unpolled task reached another task only after {waited:?} \
+         (claim window 2 s, lease 15 s)"
+    );
+    assert_eq!(
+        members(&conn, sem.key()).await,
+        vec![format!("{}:1", got.token().expose())]
+    );
+    // Polled now, the task handed the permit that lapsed gets no permit that is not held.
+    match tokio::time::timeout(Duration::from_millis(500), &mut unpolled).await {
+        Ok(r) => panic!(
+            "the unpolled task returned while the only permit is held: {:?}",
+            r.map(|p| p.is_held())
+        ),
+        Err(_) => {
+            let unpolled = tokio::spawn(unpolled);
+            got.release().await.unwrap();
+            let (r, _) = within(15.0, "the other task", other).await.unwrap();
+            r.unwrap().release().await.unwrap();
+            let late = within(15.0, "the formerly unpolled task", unpolled)
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(late.is_held());
+            late.release().await.unwrap();
+        }
+    }
+}

@@ -4,9 +4,11 @@
 //! too few free and registered there), the client's other tasks that want as many under
 //! the same limit line up here instead of each registering. When a task of the client
 //! gives back `n` permits of that limit while one waits here, they go to it in one
-//! atomic script (`sem_handoff.lua`): the permits move to the waiter's own token with a
-//! fresh lease of the waiter's own length — one round trip instead of a release, a
-//! hand-out, a message and a renewal, and nobody can slip in between. The old token
+//! atomic script (`sem_handoff.lua`): the permits move to the waiter's own token, held
+//! for the waiter's claim window (as permits handed to a waiter in Redis are; the
+//! waiter renews them once it takes them up, and without automatic renewal they get
+//! the waiter's whole lease) — one round trip instead of a release, a hand-out and a
+//! message, and nobody can slip in between. The old token
 //! holds nothing afterwards. A budget of consecutive hand-overs keeps other processes
 //! from being starved: after it, the permits go back through Redis, to the earliest
 //! registered waiter of any process.

@@ -681,14 +681,20 @@ impl Semaphore {
         let release = self.release_call(core.token(), &count, "".into());
         let (token, _) = core.take();
         let next = popped.waiter();
+        // The permits hold for the waiter's claim window, as permits a release hands to
+        // a waiter in Redis do: a waiter whose task is not polled holds them up no
+        // longer than that; one that takes them up renews them within a third of it.
+        // (Without automatic renewal nobody would: then for the waiter's whole lease.)
+        let (lease, lease_arg) = {
+            let next = &next.semaphore.shared;
+            match next.base.options.auto_renew {
+                true => (grant_claim(next.base.options.ttl), &next.claim_arg),
+                false => (next.base.options.ttl, &next.ttl_arg),
+            }
+        };
         let cmd = SEM_HANDOFF.evalsha(
             &s.lease_keys,
-            &[
-                token.expose(),
-                next.token.expose(),
-                &count,
-                &next.semaphore.shared.ttl_arg,
-            ],
+            &[token.expose(), next.token.expose(), &count, lease_arg],
             None,
         );
         // If this future is dropped or fails before Redis answers, our own permits are
@@ -701,8 +707,7 @@ impl Semaphore {
             .eval_sent(&SEM_HANDOFF, &cmd, Deadline::Never, Some(&claim))
             .await?;
         claim.disarm();
-        let ttl = next.semaphore.shared.base.options.ttl;
-        match Reply::acquired(&reply, ttl, false) {
+        match Reply::acquired(&reply, lease, false) {
             Some(Reply::Acquired { remaining, .. }) => {
                 handed_over(Primitive::Semaphore, Handover::Local);
                 tracing::debug!(semaphore = %s.base.name, permits = %count, "permits handed to a local waiter");
