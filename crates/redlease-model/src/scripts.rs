@@ -48,7 +48,7 @@ pub const MIRRORED: &[Mirrored] = &[
     ),
     mirrored!(
         "mutex_handoff.lua",
-        0xb06a94b55f4dbcaa,
+        0x4417b9b2f80a6077,
         "server.rs: Server::handoff"
     ),
     mirrored!(

@@ -585,7 +585,9 @@ impl Server {
     }
 
     /// The local hand-over, from `old` to `new` in one step: `mutex_handoff.lua` with a
-    /// fresh fencing token, `sem_handoff.lua` with a fresh lease.
+    /// fresh fencing token, `sem_handoff.lua` with a fresh lease — for the waiter's
+    /// claim window, as a hand-over by a release (the waiter renews it within a third
+    /// of that; the model's clients renew automatically).
     pub fn handoff(&mut self, kind: Kind, t: &Timing, old: Tok, new: Tok) -> Reply {
         if let Kind::Semaphore { .. } = kind {
             return self.sem_handoff(t, old, new);
@@ -605,7 +607,7 @@ impl Server {
         let fence = self.take_fence(0, new);
         self.names[0].lock = Some(Key {
             token: new,
-            expires: Some(t.ttl),
+            expires: Some(t.claim),
             term: 0,
         });
         Reply::Acquired {
@@ -614,8 +616,8 @@ impl Server {
         }
     }
 
-    /// `sem_handoff.lua`: `old`'s permit becomes `new`'s, with a lease of the TTL from
-    /// now; "already handed" (a retry) with what is left; `0` when `old` holds none
+    /// `sem_handoff.lua`: `old`'s permit becomes `new`'s, with a lease of the claim
+    /// window from now; "already handed" (a retry) with what is left; `0` when `old` holds none
     /// (released, or lapsed and pruned).
     fn sem_handoff(&mut self, t: &Timing, old: Tok, new: Tok) -> Reply {
         if let Some(&(_, deadline)) = self.permits.iter().find(|(p, _)| *p == new) {
@@ -628,7 +630,7 @@ impl Server {
             return Reply::Int(0);
         }
         self.permits.retain(|(p, _)| *p != old);
-        self.permits.push((new, t.ttl));
+        self.permits.push((new, t.claim));
         self.permits.sort();
         Reply::Acquired {
             fence: None,

@@ -499,7 +499,8 @@ impl LockModel {
             (Slot::HandOff, Phase::HandingOver { new, .. }) => match reply {
                 Reply::Acquired { fence, pttl } => {
                     self.note(s, Seen::LOCAL_HANDOVER);
-                    let remaining = pttl.flatten().unwrap_or(t.ttl);
+                    // Handed for the waiter's claim window (`Popped::lease`).
+                    let remaining = pttl.flatten().unwrap_or(t.claim);
                     let h = Holding::new(new, fence_of(n, fence), age, remaining, t.ttl, &t, m);
                     self.hold(s, c, h);
                 }

@@ -453,3 +453,49 @@ async fn an_unconfirmed_hand_over_to_an_unpolled_waiter_does_not_block_the_queue
     }
     drop(unpolled);
 }
+
+/// The lock is handed over locally to a queued task whose future is alive but not
+/// polled, on a handle with a 15 s lease. `lock()` says: "a lock or a turn another task
+/// of this client handed it is taken back after the claim window (the lease, at most
+/// 2 s), and the tasks queued behind it move on". The task queued behind it must get the
+/// lock then — not wait in Redis for the whole 15 s lease of a lock nobody renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_handed_to_an_unpolled_task_is_taken_back_after_the_claim_window() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let c = client(&server.url()).await;
+    let m = c
+        .mutex_with(
+            "unpolled-handed",
+            LeaseOptions::new().ttl(Duration::from_secs(15)),
+        )
+        .unwrap();
+    let held = m.lock().await.unwrap();
+    let mut unpolled = locking(&m);
+    poll_once(&mut unpolled).await;
+    let mut behind = locking_timeout(&m, Duration::from_secs(12));
+    poll_once(&mut behind).await;
+    let started = Instant::now();
+    let behind = tokio::spawn(async move { (behind.await, started.elapsed()) });
+    // Handed to the unpolled task in one script.
+    held.release().await.unwrap();
+    let (result, waited) = within(20.0, "the task behind", behind).await.unwrap();
+    match result {
+        Ok(g) => {
+            assert!(g.is_held());
+            assert_eq!(get(&mut conn, m.key()).await.as_deref(), Some(g.token().expose()));
+            assert!(
+                waited < Duration::from_secs(6),
+                "the task behind got the lock only after {waited:?}"
+            );
+            g.release().await.unwrap();
+        }
+        Err(e) => panic!(
+            "the task behind the unpolled one did not get the lock handed to it 2 s (the \
+             claim window) before: {e} after {waited:?}; the unpolled task's token holds it \
+             for {} ms more",
+            pttl(&mut conn, m.key()).await
+        ),
+    }
+    drop(unpolled);
+}

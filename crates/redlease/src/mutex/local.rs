@@ -15,13 +15,17 @@
 //! task looks at every lease by its `valid_until`), so the next task goes to Redis
 //! instead of waiting for a guard that may live on long after its lease. A lock handed
 //! to a task that does not take it up (its future is not polled) has no lease yet: the
-//! hand-over's own expiry in Redis stands for it, and once it has passed, the next task
-//! that enters, or a queued task looking every claim window, revokes the turn. A task
-//! picked for a hand-over that does not come within a claim window (the releasing task
-//! stalled) goes to Redis with a fresh token and no turn.
+//! hand-over's own expiry in Redis stands for it — the waiter's claim window, as for a
+//! lock a release hands to a waiter in Redis — and once it has passed, the next task
+//! that enters, or a queued task looking every claim window, revokes the turn. A turn
+//! passed to a task that does not take it up within a claim window is revoked the same
+//! way. A task picked for a hand-over that does not come within a claim window (the
+//! releasing task stalled) takes the turn over and goes to Redis with a fresh token.
 //!
-//! A hand-over gives the waiter the lease its own handle asks for (several handles of
-//! one lock, with different leases, share the queue); a waiter whose handle has a
+//! A hand-over gives the waiter the lock for the claim window of its own handle
+//! (several handles of one lock, with different leases, share the queue), which the
+//! waiter's renewal extends to its full lease within a third of that (a waiter that
+//! does not renew automatically is handed its whole lease); a waiter whose handle has a
 //! replica policy is never handed the lock (a hand-over skips the acknowledgement): it
 //! gets the turn.
 //!
@@ -252,16 +256,24 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     }
 
     fn revoke_locked(self: &Arc<Self>, st: &mut State<L, H>) {
+        // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         st.turn += 1;
+        st.streak = 0;
+        let number = st.turn;
+        self.give_turn(st, number);
+    }
+
+    /// Sends turn `number` to the first waiter still waiting, who has until its grace
+    /// runs out to take it up (see `revoke_if_not_taken_up`); with nobody waiting the
+    /// lock is no longer busy.
+    fn give_turn(self: &Arc<Self>, st: &mut State<L, H>, number: u64) {
         st.holder = None;
         st.handed_until = None;
         st.turn_until = None;
         st.handing = None;
-        st.streak = 0;
-        // The next waiter gets a fresh turn; the revoked one's drop does nothing.
         while let Some(waiter) = st.queue.pop_front() {
             let until = later(tokio::time::Instant::now(), waiter.grace);
-            match waiter.send(Handed::Turn(Turn::new(self.clone(), st.turn))) {
+            match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
                 Ok(()) => {
                     st.turn_until = Some(until);
                     return;
@@ -272,6 +284,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             }
         }
         st.busy = false;
+        st.streak = 0;
     }
 
     /// The next waiter to hand the lock to, within the hand-over budget — only for the
@@ -365,24 +378,7 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         if st.turn != number {
             return; // revoked: already passed on
         }
-        st.holder = None;
-        st.handed_until = None;
-        st.turn_until = None;
-        st.handing = None;
-        while let Some(waiter) = st.queue.pop_front() {
-            let until = later(tokio::time::Instant::now(), waiter.grace);
-            match waiter.send(Handed::Turn(Turn::new(self.clone(), number))) {
-                Ok(()) => {
-                    st.turn_until = Some(until);
-                    return;
-                }
-                // Gone: disarm the turn we got back (we hold the state) and go on.
-                Err(Handed::Turn(mut turn)) => turn.local = None,
-                Err(Handed::Lock(_)) => unreachable!("a turn was sent"),
-            }
-        }
-        st.busy = false;
-        st.streak = 0;
+        self.give_turn(&mut st, number);
     }
 }
 

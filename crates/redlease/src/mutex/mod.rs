@@ -69,6 +69,9 @@ struct MutexShared {
     channel: std::sync::OnceLock<Arc<str>>,
     /// The TTL in milliseconds, as the script argument.
     ttl_arg: Arc<str>,
+    /// How long a lock handed to a task of this handle holds before it extends it
+    /// (see [`grant_claim`]), as the script argument.
+    claim_arg: Arc<str>,
     /// The release's hand-over argument: `PUBLISH` or `SPUBLISH`, and how long a lock
     /// handed to a waiter holds before it extends it (see [`grant_claim`]).
     handover_arg: Arc<str>,
@@ -122,6 +125,7 @@ impl Mutex {
                 fence_keys: std::sync::OnceLock::new(),
                 lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: millis.arg(ttl_ms),
+                claim_arg: millis.arg(grant_claim(options.ttl).as_millis() as u64),
                 handover_arg: base.ctx.handover.arg(grant_claim(options.ttl).as_millis() as u64),
                 register_arg: millis.arg(register_life(options.ttl).as_millis() as u64),
                 base,
@@ -530,9 +534,14 @@ impl Mutex {
         let s = &*self.shared;
         let release = self.release_call(core.token());
         let (token, _) = core.take();
+        // The lock holds for the waiter's claim window, as a lock a release hands to a
+        // waiter in Redis does: a waiter whose task is not polled holds it up no longer
+        // than that; one that takes it up renews it within a third of it. (Without
+        // automatic renewal nobody would: then for the waiter's whole lease.)
+        let (lease, lease_arg) = popped.lease();
         let cmd = MUTEX_HANDOFF.evalsha(
             self.fence_keys(),
-            &[token.expose(), popped.token().expose(), popped.ttl_arg()],
+            &[token.expose(), popped.token().expose(), lease_arg],
             None,
         );
         // If this future is dropped or fails before Redis answers, our own token is
@@ -545,9 +554,7 @@ impl Mutex {
             .eval_sent(&MUTEX_HANDOFF, &cmd, Deadline::Never, Some(&claim))
             .await?;
         claim.disarm();
-        // The lease is the waiter's.
-        let ttl = popped.waiter().handle.shared.base.options.ttl;
-        match parse_acquire(&reply, ttl, &s.base) {
+        match parse_acquire(&reply, lease, &s.base) {
             Ok(Reply::Acquired { fence, remaining }) => {
                 handed_over(Primitive::Mutex, Handover::Local);
                 tracing::debug!(lock = %s.base.name, ?fence, "lock handed to a local waiter");
@@ -852,9 +859,16 @@ impl Popped {
         self.waiter.as_ref().expect("present until consumed")
     }
 
-    /// The lease the waiter's handle asks for, as the script argument.
-    fn ttl_arg(&self) -> &str {
-        &self.waiter().handle.shared.ttl_arg
+    /// What a hand-over gives the waiter before it extends the lock: its claim window
+    /// (its whole lease when it does not renew automatically), and that as the script
+    /// argument.
+    fn lease(&self) -> (Duration, &str) {
+        let next = &self.waiter().handle.shared;
+        if next.base.options.auto_renew {
+            (grant_claim(next.base.options.ttl), &next.claim_arg)
+        } else {
+            (next.base.options.ttl, &next.ttl_arg)
+        }
     }
 
     fn hand_over(mut self, fence: u64, sent: Instant, remaining: Duration) {

@@ -8,9 +8,10 @@
 -- KEYS[3]  floor         its floor
 -- ARGV[1]  old token     the current holder's token
 -- ARGV[2]  new token     the next holder's token
--- ARGV[3]  ttl_ms        the next holder's lease
+-- ARGV[3]  ttl_ms        how long the lock holds for the next holder before it extends
+--                        it (its claim window; its whole lease if it does not renew)
 --
--- Reply: fence            (an integer) handed over now, for the full ttl_ms
+-- Reply: fence            (an integer) handed over now, for ttl_ms
 --        {1, fence, pttl}  already handed over — a retry after a lost reply — with a
 --                          fresh fencing token and what is left
 --        0                 the old token does not hold the lock; nothing was changed
