@@ -6,7 +6,8 @@
 //! 3. a two-command script (`DEL`, `PUBLISH`) doing the same;
 //! 4. redlease's release script handing a lock to a registered waiter, invoked bare,
 //!    its message read by a bare subscriber;
-//! 5. the same script handing the lock to a redlease waiter (the waiter's side);
+//! 5. the same script handing the lock to a redlease waiter (the waiter's side), and
+//!    when a bare subscriber beside the waiter read the same message;
 //! 6. redlease to redlease, as the bench measures it (holder's release to the waiter
 //!    holding the lock).
 //!
@@ -189,7 +190,23 @@ async fn run(url: &str, n: usize) {
         // A holder that is not a redlease client but looks like one (so the waiter
         // waits for the release's message instead of polling), releasing with the script.
         let token = "0123456789abcdef0123456789abcdef@probe";
-        let mut v = Vec::new();
+        // A bare subscriber on the same channels: when the message reached a task of
+        // this process, beside when the waiter held the lock.
+        let mut pubsub = client.get_async_pubsub().await.expect("subscriber connection");
+        for i in 0..4 {
+            pubsub
+                .subscribe(format!("{{redlease:probe:bare:{i}}}:wake"))
+                .await
+                .expect("SUBSCRIBE");
+        }
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let listener = tokio::spawn(async move {
+            let mut stream = pubsub.into_on_message();
+            while stream.next().await.is_some() {
+                let _ = seen_tx.send(Instant::now());
+            }
+        });
+        let (mut v, mut read) = (Vec::new(), Vec::new());
         for i in 0..n {
             let name = format!("probe:bare:{}", i % 4);
             let key = format!("redlease:{name}");
@@ -215,8 +232,17 @@ async fn run(url: &str, n: usize) {
                 .await
                 .expect("release script");
             v.push(micros(t, task.await.expect("waiter")));
+            let mut message = None;
+            while let Ok(at) = seen.try_recv() {
+                message.get_or_insert(at);
+            }
+            if let Some(at) = message {
+                read.push(micros(t, at));
+            }
         }
+        listener.abort();
         line("5. the same script → a redlease waiter holding", p50(v));
+        line("   (its message read by a bare subscriber beside it)", p50(read));
     }
 
     {
