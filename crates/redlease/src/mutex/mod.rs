@@ -240,7 +240,8 @@ impl Mutex {
         let mut token = Token::for_owner(&s.base.ctx.label);
         let started = Instant::now();
         // Tasks of this client queue locally behind the local holder; one at a time
-        // goes to Redis. A hand-over gives a waiter the lease its own handle asks for.
+        // goes to Redis. A hand-over gives a waiter the lease its own handle asks for (its
+        // claim window at first, which its renewal extends).
         let claim = grant_claim(s.base.options.ttl);
         let turn = match s.local.enter(&token, !wait.waits(), claim, || self.clone()) {
             Entry::Busy => {
