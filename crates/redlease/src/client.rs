@@ -38,10 +38,14 @@ use crate::transport::{Batching, CommandConnection, Deployment, Topology};
 /// non-ASCII letters — is allowed, except a key that is the fencing counter of the
 /// prefix, `{<prefix>fence}` (or its `:floor`). A lock's auxiliary keys are
 /// `{<key>}:<suffix>` — `<key>:<suffix>` when the key has a hash tag — with suffixes
-/// such as `q`, `meta`, `limit` or `readers`: with an empty prefix or hash-tagged
-/// names, do not also name a lock like another lock's auxiliary key (`{orders}:q`,
-/// `{t}orders:meta` beside `{t}orders`): each would find the other's key, and see a
-/// busy lock or a wrong-type error. A
+/// `alive`, `fence`, `floor`, `history`, `legacy`, `limit`, `meta`, `q`, `queue`,
+/// `readers`, `term`, `waiters` and `writers`. With an empty prefix, a hash-tagged
+/// prefix or hash-tagged names, do not also name a lock like another lock's auxiliary
+/// key (`{orders}:q` beside `orders` under an empty prefix, `{t}orders:meta` beside
+/// `{t}orders`): the two would share a key, and use it for different things — a
+/// release can then fail with a wrong-type error and leave the lock to run out its
+/// lease, and an election can overwrite the other's leader (which its leader is told:
+/// it loses the leadership). A
 /// refused name is [`Error::InvalidName`], whose message shows the name escaped and cut
 /// after 64 characters.
 ///
