@@ -372,11 +372,20 @@ async fn a_permit_freed_without_a_hand_out_goes_to_a_new_task_of_the_client() {
     let other = client(&server.url()).await;
     let held = other.semaphore("quiet", 1).unwrap().acquire().await.unwrap();
     let sem = c.semaphore("quiet", 1).unwrap();
+    let before = command_calls(&mut conn, "evalsha").await;
     let in_redis = tokio::spawn({
         let sem = sem.clone();
         async move { sem.acquire().await }
     });
     registered_and_subscribed(&conn, &sem, 1).await;
+    // A waiter tries once more when its subscription is confirmed (a release may have
+    // come in between): that attempt must have found the permit held, or it would take
+    // the permit freed below (on a busy machine it can come late).
+    eventually(5.0, "the waiter's attempt after subscribing", || {
+        let mut conn = conn.clone();
+        async move { command_calls(&mut conn, "evalsha").await >= before + 2 }
+    })
+    .await;
     let token = held.forget();
     other
         .semaphore("quiet", 5)
