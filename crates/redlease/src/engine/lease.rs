@@ -69,6 +69,14 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// The drift margin for relying on `remaining` of a lease of `ttl`: the lease's own
+/// margin, but never more than a quarter of what is relied on — from a lease of about
+/// 190 s up, 1% of it is a whole claim window of 2 s, and a lock handed over for that
+/// window would be lost on arrival — nor less than the margin of the window itself.
+pub(crate) fn drift_within(remaining: Duration, ttl: Duration) -> Duration {
+    drift(ttl).min(remaining / 4).max(drift(remaining))
+}
+
 /// What a renewal (or an extend) found.
 #[derive(Debug)]
 pub(crate) enum Renewal {
@@ -172,7 +180,7 @@ impl LeaseState {
             name,
             state: std::sync::Mutex::new(State {
                 ttl,
-                valid_until: later(sent, remaining.saturating_sub(drift(ttl))),
+                valid_until: later(sent, remaining.saturating_sub(drift_within(remaining, ttl))),
                 confirmed_at: started,
                 ended: None,
                 releasing: false,

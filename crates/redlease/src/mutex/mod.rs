@@ -197,7 +197,9 @@ impl Mutex {
     ///
     /// A future that is neither polled nor dropped (its task stalled): a lock or a turn
     /// another task of this client handed it is taken back after the claim window
-    /// (the lease, at most 2 s), and the tasks queued behind it move on. One that is
+    /// (the lease, at most 2 s — but a lock handed to a task of a handle without
+    /// automatic renewal holds for that handle's whole lease, and is taken back only
+    /// then), and the tasks queued behind it move on. One that is
     /// itself acquiring through Redis keeps this client's place until it is polled or
     /// dropped, as a pending `tokio::sync::Mutex::lock()` keeps its place.
     ///
