@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::deadline::{Deadline, Wait, later};
 use super::guard::{GuardCore, Held, LockBase};
-use super::lease::drift;
+use super::lease::drift_within;
 use super::metrics::{self, AcquireCall, Handover, Primitive};
 use super::notify::{GrantSlot, Subscription, WakeDebt};
 use super::request::Acked;
@@ -294,7 +294,9 @@ const GRANT_MARGIN: Duration = Duration::from_millis(100);
 /// needs to come back. A waiter that took up a hand-over too late (its task was not
 /// polled meanwhile) must ask Redis instead.
 pub(crate) fn still_reliable(sent: Instant, remaining: Duration, ttl: Duration) -> bool {
-    later(sent, remaining.saturating_sub(drift(ttl))) > later(Instant::now(), GRANT_MARGIN)
+    // The lease's `valid_until` takes the same margin (see `drift_within`).
+    let remaining = remaining.min(ttl);
+    later(sent, remaining.saturating_sub(drift_within(remaining, ttl))) > later(Instant::now(), GRANT_MARGIN)
 }
 
 /// What the reply to one attempt says.
@@ -402,6 +404,7 @@ impl LockBase {
         let last_busy: std::sync::Mutex<Option<(Instant, Option<u64>)>> = std::sync::Mutex::new(None);
         let (claim_ref, parse_ref, last_busy_ref) = (&claim, &parse, &last_busy);
         let ttl = self.options.ttl;
+        let auto_renew = self.options.auto_renew;
         let claim_window = grant.as_ref().map(|g| g.claim);
         let (fence, remaining, sent, acked) = acquire_loop(
             Waiting {
@@ -457,9 +460,12 @@ impl LockBase {
                 // it is stale — the lock was ours then but no longer when the attempt ran
                 // (its claim ran out while this client stalled, and another took it).
                 // Under a replica policy the hand-over must be acknowledged like an acquire:
-                // the attempt below is (it waits for the replicas).
+                // the attempt below is (it waits for the replicas). And a handle that does
+                // not renew automatically would keep only the claim window, which nobody
+                // extends: the attempt below gives it its whole lease.
                 if let Some((busy, Some(mark))) = busy
                     && ack.is_none()
+                    && auto_renew
                     && fence > mark
                     && still_reliable(busy, claim, ttl)
                 {
