@@ -12,13 +12,6 @@ use std::time::Duration;
 use common::*;
 use redlease::LeaseOptions;
 
-type Locking = Boxed<redlease::Result<redlease::MutexGuard>>;
-
-fn locking(m: &redlease::Mutex) -> Locking {
-    let m = m.clone();
-    Box::pin(async move { m.lock().await })
-}
-
 /// The server's expiry of the mutex key is at most `received + pttl`: fails when the
 /// guard's `valid_until` is later than that.
 async fn assert_mutex_within_server(

@@ -9,18 +9,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlease::LeaseOptions;
 
-type Locking = Boxed<redlease::Result<redlease::MutexGuard>>;
-
-fn locking_timeout(m: &redlease::Mutex, timeout: Duration) -> Locking {
-    let m = m.clone();
-    Box::pin(async move { m.lock_timeout(timeout).await })
-}
-
-fn locking(m: &redlease::Mutex) -> Locking {
-    let m = m.clone();
-    Box::pin(async move { m.lock().await })
-}
-
 /// A release() future polled once (it picked the first local waiter W1 and sent the
 /// hand-over) and then left alone. W1 gives up on the stalled hand-over after two claim
 /// windows and goes to Redis with a fresh token and no turn ("the releasing task

@@ -4,28 +4,10 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use common::*;
 use redlease::LeaseOptions;
-
-type Acquiring = Pin<Box<dyn Future<Output = redlease::Result<redlease::Permit>> + Send>>;
-
-fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
-    let sem = sem.clone();
-    Box::pin(async move { sem.acquire().await })
-}
-
-/// Polls `fut` until `until` is done, then leaves it alone (alive, not polled).
-async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
-    tokio::select! {
-        biased;
-        _ = until => {}
-        r = fut.as_mut() => panic!("the acquisition finished early: {:?}", r.map(|p| p.permits())),
-    }
-}
 
 async fn zcard(conn: &redis::aio::MultiplexedConnection, key: &str) -> u64 {
     let mut conn = conn.clone();

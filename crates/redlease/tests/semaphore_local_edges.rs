@@ -4,36 +4,10 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use common::*;
 use redlease::LeaseOptions;
-
-type Acquiring = Pin<Box<dyn Future<Output = redlease::Result<redlease::Permit>> + Send>>;
-
-fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
-    let sem = sem.clone();
-    Box::pin(async move { sem.acquire().await })
-}
-
-/// Polls `fut` until `until` is done, then leaves it alone (alive, not polled).
-async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
-    tokio::select! {
-        biased;
-        _ = until => {}
-        r = fut.as_mut() => panic!("the acquisition finished early: {:?}", r.map(|p| p.permits())),
-    }
-}
-
-async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
-    eventually(5.0, &format!("{n} waiters"), || {
-        let sem = sem.clone();
-        async move { sem.status().await.unwrap().waiters == n }
-    })
-    .await;
-}
 
 /// With a task of `sem`'s client waiting in Redis and another queued behind it, releases
 /// `held` (a permit of that client, whose connection goes through `proxy`) while the

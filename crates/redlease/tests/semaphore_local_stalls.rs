@@ -9,26 +9,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use redlease::LeaseOptions;
 
-type Acquiring = Boxed<redlease::Result<redlease::Permit>>;
-
-fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
-    let sem = sem.clone();
-    Box::pin(async move { sem.acquire().await })
-}
-
-fn acquiring_timeout(sem: &redlease::Semaphore, timeout: Duration) -> Acquiring {
-    let sem = sem.clone();
-    Box::pin(async move { sem.acquire_timeout(timeout).await })
-}
-
-async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
-    eventually(5.0, &format!("{n} waiters"), || {
-        let sem = sem.clone();
-        async move { sem.status().await.unwrap().waiters == n }
-    })
-    .await;
-}
-
 /// Spawns a task of `sem`'s client that waits in Redis (registered) for one permit, and
 /// returns once it does: the client's next tasks for one permit queue behind it.
 async fn one_in_redis(

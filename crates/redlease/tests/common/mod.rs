@@ -156,6 +156,50 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// A future kept alive and polled by hand (to leave it unpolled for a while).
 pub type Boxed<T> = std::pin::Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A `lock()` kept alive to be polled by hand.
+pub type Locking = Boxed<redlease::Result<redlease::MutexGuard>>;
+
+pub fn locking(m: &redlease::Mutex) -> Locking {
+    let m = m.clone();
+    Box::pin(async move { m.lock().await })
+}
+
+pub fn locking_timeout(m: &redlease::Mutex, timeout: Duration) -> Locking {
+    let m = m.clone();
+    Box::pin(async move { m.lock_timeout(timeout).await })
+}
+
+/// A semaphore's `acquire()` kept alive to be polled by hand.
+pub type Acquiring = Boxed<redlease::Result<redlease::Permit>>;
+
+pub fn acquiring(sem: &redlease::Semaphore) -> Acquiring {
+    let sem = sem.clone();
+    Box::pin(async move { sem.acquire().await })
+}
+
+pub fn acquiring_timeout(sem: &redlease::Semaphore, timeout: Duration) -> Acquiring {
+    let sem = sem.clone();
+    Box::pin(async move { sem.acquire_timeout(timeout).await })
+}
+
+/// Polls `fut` until `until` is done, then leaves it alone (alive, not polled).
+pub async fn poll_until(fut: &mut Acquiring, until: impl Future<Output = ()>) {
+    tokio::select! {
+        biased;
+        _ = until => {}
+        r = fut.as_mut() => panic!("the acquisition finished early: {:?}", r.map(|p| p.permits())),
+    }
+}
+
+/// Waits until `sem`'s status counts `n` waiting connections.
+pub async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
+    eventually(5.0, &format!("{n} waiters"), || {
+        let sem = sem.clone();
+        async move { sem.status().await.unwrap().waiters == n }
+    })
+    .await;
+}
+
 /// Polls `fut` once, which must leave it pending (a lock() joins its client's local
 /// queue on its first poll; a release() picks its local waiter and sends the hand-over).
 pub async fn poll_once<T>(fut: &mut Boxed<T>) {
