@@ -38,7 +38,7 @@ pub enum Persistence {
 #[derive(Clone, Debug, Default)]
 pub struct ServerBuilder {
     persistence: Persistence,
-    args: Vec<(String, String)>,
+    args: Vec<(String, Vec<String>)>,
     port: Option<u16>,
     /// `Some(auth_clients)`: a TLS-only server.
     tls: Option<bool>,
@@ -57,7 +57,20 @@ impl ServerBuilder {
 
     /// Adds a configuration directive, as `--name value` on the command line.
     pub fn arg(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.args.push((name.into(), value.into()));
+        self.args.push((name.into(), vec![value.into()]));
+        self
+    }
+
+    /// Adds a configuration directive of several arguments, as `--name value...` on the
+    /// command line (say `rename-command HELLO ""`: `directive("rename-command",
+    /// ["HELLO", ""])`).
+    pub fn directive<I, V>(mut self, name: impl Into<String>, values: I) -> Self
+    where
+        I: IntoIterator<Item = V>,
+        V: Into<String>,
+    {
+        self.args
+            .push((name.into(), values.into_iter().map(Into::into).collect()));
         self
     }
 
@@ -285,9 +298,9 @@ impl RedisServer {
             "no".into(),
         ]);
         if self.builder.sentinel.is_some() {
-            for (name, value) in &self.builder.args {
+            for (name, values) in &self.builder.args {
                 args.push(format!("--{name}"));
-                args.push(value.clone());
+                args.extend(values.iter().cloned());
             }
             return args;
         }
@@ -311,9 +324,9 @@ impl RedisServer {
                 "everysec".into(),
             ]),
         }
-        for (name, value) in &self.builder.args {
+        for (name, values) in &self.builder.args {
             args.push(format!("--{name}"));
-            args.push(value.clone());
+            args.extend(values.iter().cloned());
         }
         args
     }

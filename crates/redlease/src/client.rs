@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::election::Election;
 use crate::engine::context::{Context, Settings};
-use crate::engine::notify::{Notifier, PubSubConnector};
+use crate::engine::notify::{Notifier, ServerLookup};
 use crate::error::{Error, Result};
 use crate::fair::FairMutex;
 use crate::keys;
@@ -650,9 +650,9 @@ impl ClientBuilder {
                     }
                 };
                 crate::script::preload(&*conn, false).await;
-                let connector: PubSubConnector = Arc::new(move || {
+                let connector: ServerLookup = Arc::new(move || {
                     let redis = redis.clone();
-                    Box::pin(async move { redis.get_async_pubsub().await })
+                    Box::pin(async move { Ok(redis) })
                 });
                 (
                     conn,
@@ -683,15 +683,8 @@ impl ClientBuilder {
                     }
                 };
                 crate::script::preload(&*conn, true).await;
-                let (wake, pushes) = crate::transport::cluster::wake_connection(&nodes)
-                    .await
-                    .map_err(unreachable)?;
-                (
-                    conn,
-                    Deployment::Cluster(wake.clone()),
-                    Notifier::spawn_sharded(wake, pushes),
-                    batching,
-                )
+                let (notifier, wake) = Notifier::spawn_sharded(&nodes).await.map_err(unreachable)?;
+                (conn, Deployment::Cluster(wake.clone()), notifier, batching)
             }
             Source::Sentinel {
                 sentinels,
@@ -713,9 +706,9 @@ impl ClientBuilder {
                     None => Arc::new(sentinel.clone()),
                 };
                 crate::script::preload(&*conn, false).await;
-                let connector: PubSubConnector = Arc::new(move || {
+                let connector: ServerLookup = Arc::new(move || {
                     let sentinel = sentinel.clone();
-                    Box::pin(async move { sentinel.pubsub().await })
+                    Box::pin(async move { sentinel.master_client().await })
                 });
                 (
                     conn,

@@ -16,11 +16,16 @@
 //! never comes costs at most that.
 //!
 //! Two backends feed the same waiters. On a single Redis (or a Sentinel-managed
-//! master) the connection is a RESP2 pub/sub connection and releases `PUBLISH`. On a
-//! Redis Cluster, a `PUBLISH` would be broadcast over the cluster bus to every node, so
+//! master) releases `PUBLISH`, and the connection speaks RESP3: a message arrives as a
+//! push message, which redis-rs hands to a callback in the task that reads the socket,
+//! and the callback wakes the waiter there — no task in between, which is a thread
+//! wake-up less on the hand-over's path. A server that refuses RESP3 (a proxy, a user
+//! that may not run `HELLO`) gets a RESP2 pub/sub connection, read by the notifier's
+//! task. On a Redis Cluster, a `PUBLISH` would be broadcast over the cluster bus to every node, so
 //! releases `SPUBLISH` instead and the notifier `SSUBSCRIBE`s through a RESP3 cluster
 //! connection, which routes each subscription to the node owning the channel's slot (the
-//! lock's slot) and delivers messages as push messages. When a slot migrates, its old
+//! lock's slot) and delivers messages as push messages, to the waiters straight from its
+//! callback as well. When a slot migrates, its old
 //! owner drops the subscriptions (`sunsubscribe`): the notifier wakes the channel's
 //! waiters and subscribes again, reaching the new owner.
 
@@ -126,12 +131,10 @@ struct Registry {
     channels: HashMap<String, Arc<Channel>>,
 }
 
-/// How the notifier opens its pub/sub connection.
-pub(crate) type PubSubConnector = Arc<
-    dyn Fn() -> futures_util::future::BoxFuture<'static, redis::RedisResult<redis::aio::PubSub>>
-        + Send
-        + Sync,
->;
+/// The server the notifier connects to now (a Sentinel-managed master may have moved
+/// since the last connection).
+pub(crate) type ServerLookup =
+    Arc<dyn Fn() -> BoxFuture<'static, redis::RedisResult<redis::Client>> + Send + Sync>;
 
 /// The per-client wake-up service.
 #[derive(Debug, Clone)]
@@ -142,23 +145,37 @@ pub(crate) struct Notifier {
 
 impl Notifier {
     /// Starts the connection task; it connects lazily, on the first subscription.
-    pub fn spawn(connect: PubSubConnector) -> Self {
+    pub fn spawn(connect: ServerLookup) -> Self {
         let registry = Arc::new(std::sync::Mutex::new(Registry::default()));
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(connect, registry.clone(), rx));
         Notifier { registry, tx }
     }
 
-    /// Starts the sharded pub/sub task of a cluster client on `conn`, a RESP3 cluster
-    /// connection whose push messages arrive on `pushes`.
-    pub fn spawn_sharded(
-        conn: redis::cluster_async::ClusterConnection,
-        pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
-    ) -> Self {
+    /// Opens the wake-up connection of a cluster client (RESP3; also the client's way to
+    /// ask a slot's master how many wait) and starts its sharded pub/sub task. Sharded
+    /// messages are delivered to the waiters by the connection's push callback; every
+    /// other push message goes to the task.
+    pub async fn spawn_sharded(
+        nodes: &[redis::ConnectionInfo],
+    ) -> redis::RedisResult<(Self, redis::cluster_async::ClusterConnection)> {
         let registry = Arc::new(std::sync::Mutex::new(Registry::default()));
+        let (push_tx, pushes) = mpsc::unbounded_channel();
+        let on_push = {
+            let registry = registry.clone();
+            move |push: redis::PushInfo| -> Result<(), ()> {
+                if push.kind == redis::PushKind::SMessage {
+                    deliver_push(&registry, &push.data);
+                    Ok(())
+                } else {
+                    push_tx.send(push).map_err(drop)
+                }
+            }
+        };
+        let conn = crate::transport::cluster::wake_connection(nodes, on_push).await?;
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run_sharded(conn, pushes, registry.clone(), rx));
-        Notifier { registry, tx }
+        tokio::spawn(run_sharded(conn.clone(), pushes, registry.clone(), rx));
+        Ok((Notifier { registry, tx }, conn))
     }
 
     /// Registers a local waiter on `channel`, subscribing if it is the first.
@@ -346,13 +363,140 @@ fn lookup(registry: &std::sync::Mutex<Registry>, channel: &str) -> Option<Arc<Ch
         .cloned()
 }
 
+/// One wake-up connection of a single Redis (or Sentinel-managed master).
+enum Wake {
+    /// RESP3: messages are delivered by the connection's push callback, in redis-rs's
+    /// task reading the socket, straight to the waiters; `closed` ends when the
+    /// connection does.
+    Push {
+        conn: redis::aio::MultiplexedConnection,
+        closed: mpsc::UnboundedReceiver<()>,
+    },
+    /// RESP2 pub/sub: messages are read and delivered by the notifier's task.
+    Stream {
+        sink: redis::aio::PubSubSink,
+        stream: redis::aio::PubSubStream,
+    },
+}
+
+impl Wake {
+    /// Connects to `client`'s server: RESP3 unless `resp2` (set here when the server
+    /// refused RESP3 and took RESP2).
+    async fn open(
+        client: redis::Client,
+        registry: &Arc<std::sync::Mutex<Registry>>,
+        resp2: &mut bool,
+    ) -> redis::RedisResult<Wake> {
+        if !*resp2 {
+            let info = client.get_connection_info().clone();
+            let settings = info
+                .redis_settings()
+                .clone()
+                .set_protocol(redis::ProtocolVersion::RESP3);
+            let resp3 = redis::Client::open(info.set_redis_settings(settings))?;
+            let (closed_tx, closed) = mpsc::unbounded_channel::<()>();
+            let registry = registry.clone();
+            // Runs in the connection's own task: delivers without blocking. Dropped (and
+            // with it `closed_tx`) when the connection ends.
+            let on_push = move |push: redis::PushInfo| -> Result<(), ()> {
+                match push.kind {
+                    redis::PushKind::Message => deliver_push(&registry, &push.data),
+                    redis::PushKind::Disconnection => {
+                        let _ = closed_tx.send(());
+                    }
+                    _ => {}
+                }
+                Ok(())
+            };
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(COMMAND_TIMEOUT))
+                .set_response_timeout(Some(COMMAND_TIMEOUT))
+                .set_push_sender(on_push);
+            match resp3.get_multiplexed_async_connection_with_config(&config).await {
+                Ok(conn) => return Ok(Wake::Push { conn, closed }),
+                // Not reached, or not answering: RESP2 would fare no better.
+                Err(err) if unreachable(&err) => return Err(err),
+                Err(err) => {
+                    tracing::debug!(error = %err, "the server refused a RESP3 wake-up connection; trying RESP2");
+                }
+            }
+        }
+        let pubsub = client.get_async_pubsub().await?;
+        if !*resp2 {
+            tracing::debug!("wake-ups use a RESP2 pub/sub connection from now on");
+            *resp2 = true;
+        }
+        let (sink, stream) = pubsub.split();
+        Ok(Wake::Stream { sink, stream })
+    }
+
+    async fn subscribe(&mut self, names: &[&str]) -> redis::RedisResult<()> {
+        match self {
+            Wake::Push { conn, .. } => conn.subscribe(names).await,
+            Wake::Stream { sink, .. } => sink.subscribe(names).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, name: &str) -> redis::RedisResult<()> {
+        match self {
+            Wake::Push { conn, .. } => conn.unsubscribe(name).await,
+            Wake::Stream { sink, .. } => sink.unsubscribe(name).await,
+        }
+    }
+
+    async fn ping(&mut self) -> redis::RedisResult<()> {
+        match self {
+            Wake::Push { conn, .. } => redis::cmd("PING").exec_async(conn).await,
+            Wake::Stream { sink, .. } => sink.ping::<redis::Value>().await.map(drop),
+        }
+    }
+
+    /// Waits until the connection ends, delivering the messages it reads meanwhile
+    /// (RESP2; on RESP3 the connection's callback delivers them). Cancel safe.
+    async fn closed(&mut self, registry: &std::sync::Mutex<Registry>) {
+        match self {
+            Wake::Push { closed, .. } => {
+                closed.recv().await;
+            }
+            Wake::Stream { stream, .. } => {
+                while let Some(msg) = stream.next().await {
+                    if let Some(ch) = lookup(registry, msg.get_channel_name()) {
+                        ch.deliver(msg.get_payload_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether connecting failed for want of a server that answers (rather than a server
+/// that refused something).
+fn unreachable(err: &redis::RedisError) -> bool {
+    err.is_io_error() || err.is_timeout() || err.is_connection_dropped() || err.is_connection_refusal()
+}
+
+/// Delivers a pushed message (`[channel, payload]`) to the channel's waiters.
+fn deliver_push(registry: &std::sync::Mutex<Registry>, data: &[redis::Value]) {
+    if let [channel, payload, ..] = data
+        && let Some(ch) = text(channel).and_then(|c| lookup(registry, c))
+    {
+        let payload = match payload {
+            redis::Value::BulkString(b) => b.as_slice(),
+            redis::Value::SimpleString(s) => s.as_bytes(),
+            _ => b"1",
+        };
+        ch.deliver(payload);
+    }
+}
+
 async fn run(
-    connect: PubSubConnector,
+    connect: ServerLookup,
     registry: Arc<std::sync::Mutex<Registry>>,
     mut rx: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Duration::from_millis(50);
     let mut connected_before = false;
+    let mut resp2 = false;
     loop {
         // Nothing to listen to: wait for the first subscription (or shutdown).
         if registry.lock().expect("notifier lock").channels.is_empty() {
@@ -364,8 +508,12 @@ async fn run(
                 continue;
             }
         }
-        let pubsub = match tokio::time::timeout(COMMAND_TIMEOUT, connect()).await {
-            Ok(Ok(pubsub)) => pubsub,
+        let opened = tokio::time::timeout(COMMAND_TIMEOUT, async {
+            Wake::open(connect().await?, &registry, &mut resp2).await
+        })
+        .await;
+        let mut wake = match opened {
+            Ok(Ok(wake)) => wake,
             Ok(Err(err)) => {
                 tracing::debug!(error = %err, "wake-up connection failed; waiters poll until it is back");
                 if sleep_or_shutdown(&mut rx, backoff).await {
@@ -384,11 +532,10 @@ async fn run(
             }
         };
         backoff = Duration::from_millis(50);
-        let (mut sink, mut stream) = pubsub.split();
         let current = channels(&registry);
         if !current.is_empty() {
             let names: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
-            match tokio::time::timeout(COMMAND_TIMEOUT, sink.subscribe(&names)).await {
+            match tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&names)).await {
                 Ok(Ok(())) => {}
                 _ => continue,
             }
@@ -401,7 +548,7 @@ async fn run(
             }
         }
         connected_before = true;
-        let shutdown = serve(&registry, &mut rx, &mut sink, &mut stream).await;
+        let shutdown = serve(&registry, &mut rx, &mut wake).await;
         for (_, ch) in channels(&registry) {
             ch.subscribed.send_replace(false);
             ch.message(usize::MAX);
@@ -416,49 +563,49 @@ async fn run(
 async fn serve(
     registry: &std::sync::Mutex<Registry>,
     rx: &mut mpsc::UnboundedReceiver<Command>,
-    sink: &mut redis::aio::PubSubSink,
-    stream: &mut redis::aio::PubSubStream,
+    wake: &mut Wake,
 ) -> bool {
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.tick().await;
     loop {
-        tokio::select! {
-            cmd = rx.recv() => match cmd {
-                None => return true,
-                Some(Command::Subscribe(name)) => {
-                    let Some(ch) = lookup(registry, &name) else { continue };
-                    match tokio::time::timeout(COMMAND_TIMEOUT, sink.subscribe(&name)).await {
-                        Ok(Ok(())) => {
-                            ch.subscribed.send_replace(true);
-                        }
-                        _ => return false,
-                    }
-                }
-                Some(Command::Unsubscribe(name)) => {
-                    if lookup(registry, &name).is_some() {
-                        continue;
-                    }
-                    if !matches!(tokio::time::timeout(COMMAND_TIMEOUT, sink.unsubscribe(&name)).await, Ok(Ok(()))) {
-                        return false;
-                    }
-                }
-            },
-            msg = stream.next() => {
-                let Some(msg) = msg else {
-                    tracing::debug!("wake-up connection closed; reconnecting");
-                    return false;
-                };
-                let Some(ch) = lookup(registry, msg.get_channel_name()) else { continue };
-                ch.deliver(msg.get_payload_bytes());
+        let cmd = tokio::select! {
+            cmd = rx.recv() => cmd,
+            () = wake.closed(registry) => {
+                tracing::debug!("wake-up connection closed; reconnecting");
+                return false;
             }
             _ = ping.tick() => {
                 if registry.lock().expect("notifier lock").channels.is_empty() {
                     continue;
                 }
-                let pong: Result<redis::RedisResult<redis::Value>, _> =
-                    tokio::time::timeout(COMMAND_TIMEOUT, sink.ping()).await;
-                if !matches!(pong, Ok(Ok(_))) {
+                if !matches!(tokio::time::timeout(COMMAND_TIMEOUT, wake.ping()).await, Ok(Ok(()))) {
                     tracing::debug!("wake-up connection did not answer a ping; reconnecting");
+                    return false;
+                }
+                continue;
+            }
+        };
+        match cmd {
+            None => return true,
+            Some(Command::Subscribe(name)) => {
+                let Some(ch) = lookup(registry, &name) else {
+                    continue;
+                };
+                match tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&[&name])).await {
+                    Ok(Ok(())) => {
+                        ch.subscribed.send_replace(true);
+                    }
+                    _ => return false,
+                }
+            }
+            Some(Command::Unsubscribe(name)) => {
+                if lookup(registry, &name).is_some() {
+                    continue;
+                }
+                if !matches!(
+                    tokio::time::timeout(COMMAND_TIMEOUT, wake.unsubscribe(&name)).await,
+                    Ok(Ok(()))
+                ) {
                     return false;
                 }
             }
@@ -580,18 +727,6 @@ async fn run_sharded(
                 // The connection's task owns the sender; it ends only with the connection.
                 let Some(push) = push else { return };
                 match push.kind {
-                    PushKind::SMessage => {
-                        if let [channel, payload, ..] = push.data.as_slice()
-                            && let Some(ch) = text(channel).and_then(|c| lookup(&registry, c))
-                        {
-                            let payload = match payload {
-                                redis::Value::BulkString(b) => b.as_slice(),
-                                redis::Value::SimpleString(s) => s.as_bytes(),
-                                _ => b"1",
-                            };
-                            ch.deliver(payload);
-                        }
-                    }
                     PushKind::SSubscribe => {
                         // Also sent when redis-rs resubscribes after a reconnect.
                         if let Some(ch) = push.data.first().and_then(text).and_then(|c| lookup(&registry, c)) {

@@ -24,8 +24,7 @@ use std::time::Duration;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ConnectionInfo, PushInfo, RedisResult, Value};
-use tokio::sync::mpsc;
+use redis::{Cmd, ConnectionInfo, RedisResult, Value};
 
 use super::CommandConnection;
 use super::pipeline::{group_by, one_pipeline, scatter};
@@ -63,17 +62,18 @@ pub(crate) fn command_client(
 }
 
 /// Opens the wake-up connection: RESP3, with every push message (sharded messages,
-/// server-side unsubscriptions after a slot moved, disconnections) sent to the
-/// returned receiver. Also used to ask a slot's master how many wait.
+/// server-side unsubscriptions after a slot moved, disconnections) given to `pushes`,
+/// in the task of the node connection that read it. Also used to ask a slot's master
+/// how many wait.
 pub(crate) async fn wake_connection(
     nodes: &[ConnectionInfo],
-) -> RedisResult<(ClusterConnection, mpsc::UnboundedReceiver<PushInfo>)> {
-    let (tx, rx) = mpsc::unbounded_channel();
+    pushes: impl redis::aio::AsyncPushSender,
+) -> RedisResult<ClusterConnection> {
     let client = builder(nodes, Some(Duration::from_secs(2)))
         .use_protocol(redis::ProtocolVersion::RESP3)
-        .push_sender(tx)
+        .push_sender(pushes)
         .build()?;
-    Ok((client.get_async_connection().await?, rx))
+    client.get_async_connection().await
 }
 
 /// `PUBSUB SHARDNUMSUB channel`, asked of the master that owns the channel's slot:

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{MultiplexedConnection, PubSub};
+use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
@@ -87,13 +87,11 @@ impl SentinelConnection {
         })
     }
 
-    /// Opens a pub/sub connection to the current master (for wake-ups).
-    pub async fn pubsub(&self) -> RedisResult<PubSub> {
-        let client = {
-            let mut sentinels = self.shared.sentinels.lock().await;
-            self.discover(&mut sentinels).await?
-        };
-        client.get_async_pubsub().await
+    /// A redis-rs client for the master the sentinels name now (for the wake-up
+    /// connection, which follows the master on its own).
+    pub async fn master_client(&self) -> RedisResult<redis::Client> {
+        let mut sentinels = self.shared.sentinels.lock().await;
+        self.discover(&mut sentinels).await
     }
 
     async fn current(&self) -> RedisResult<(u64, MultiplexedConnection)> {
