@@ -192,7 +192,10 @@ impl Client {
     }
 
     /// Starts configuring a client for `redis` (a [`redis::Client`], re-exported as
-    /// `redlease::redis::Client`), which is also used to open the wake-up connection.
+    /// `redlease::redis::Client`), which is also used to open the wake-up connection:
+    /// the same server, address, credentials and TLS settings, speaking RESP3 (whose
+    /// push messages wake a waiter without a task in between), or RESP2 pub/sub when
+    /// the server refuses RESP3.
     ///
     /// # Examples
     ///

@@ -4,7 +4,8 @@
 //! # A map of the crate
 //!
 //! - [`Client`]: the entry point. Holds one command connection (yours or its own), one
-//!   pub/sub connection for wake-ups, and one renewal task for all leases.
+//!   pub/sub connection for wake-ups (RESP3, read straight into the waiters), and one
+//!   renewal task for all leases.
 //! - [`Mutex`] / [`MutexGuard`]: the plain lock, at key `<prefix><name>` in the format
 //!   redis-py, node-redlock and redsync use.
 //! - [`FairMutex`]: the same lock, served in arrival order (FIFO), with a heartbeated
