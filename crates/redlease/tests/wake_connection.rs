@@ -126,3 +126,43 @@ async fn a_cut_resp2_wake_up_connection_wakes_the_waiter() {
         .unwrap();
     cut_wake_ups(&server, "2").await;
 }
+
+/// A server that refuses RESP3 reached over a slow link (600 ms each way through the
+/// test kit's proxy: a round trip takes 1.2 s, well within the 2 s a connection may
+/// take): the refused RESP3 attempt and the RESP2 connection each take one round trip,
+/// and the waiter's wake-up connection must still come up — and the release wake it
+/// long before the 30 s lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_refuses_resp3_wakes_over_resp2_on_a_slow_link() {
+    let server = RedisServer::builder()
+        .directive("rename-command", ["HELLO", ""])
+        .start()
+        .unwrap();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    proxy.set_delay(Duration::from_millis(600));
+    let holder = client(&server.url()).await;
+    let waiter = within(20.0, "the waiter connects", client(&proxy.url())).await;
+    let mut conn = raw(&server).await;
+    let options = LeaseOptions::new().ttl(LONG);
+    let held = holder.mutex_with("slow", options).unwrap().lock().await.unwrap();
+    let task = tokio::spawn({
+        let mutex = waiter.mutex_with("slow", options).unwrap();
+        async move { mutex.lock().await }
+    });
+    eventually(20.0, "the waiter's wake-up connection subscribed", || {
+        let mut conn = conn.clone();
+        async move { subscribers_resp(&mut conn).await.len() == 1 }
+    })
+    .await;
+    assert_eq!(subscribers_resp(&mut conn).await, ["2"]);
+    until_registered(&conn, "redlease:slow", 1).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = within(20.0, "the waiter holds", task).await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(10),
+        "woken after {:?}, not by the release",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+}

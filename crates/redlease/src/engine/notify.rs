@@ -412,7 +412,7 @@ impl Wake {
                 .set_connection_timeout(Some(COMMAND_TIMEOUT))
                 .set_response_timeout(Some(COMMAND_TIMEOUT))
                 .set_push_sender(on_push);
-            match resp3.get_multiplexed_async_connection_with_config(&config).await {
+            match bounded(resp3.get_multiplexed_async_connection_with_config(&config)).await {
                 Ok(conn) => return Ok(Wake::Push { conn, closed }),
                 // Not reached, or not answering: RESP2 would fare no better.
                 Err(err) if unreachable(&err) => return Err(err),
@@ -421,7 +421,7 @@ impl Wake {
                 }
             }
         }
-        let pubsub = client.get_async_pubsub().await?;
+        let pubsub = bounded(client.get_async_pubsub()).await?;
         if !*resp2 {
             tracing::debug!("wake-ups use a RESP2 pub/sub connection from now on");
             *resp2 = true;
@@ -469,6 +469,15 @@ impl Wake {
     }
 }
 
+/// Runs one step of opening the wake-up connection for at most [`COMMAND_TIMEOUT`]; a
+/// step that takes longer fails as an I/O time-out (a server that does not answer).
+async fn bounded<T>(step: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
+    match tokio::time::timeout(COMMAND_TIMEOUT, step).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()),
+    }
+}
+
 /// Whether connecting failed for want of a server that answers (rather than a server
 /// that refused something).
 fn unreachable(err: &redis::RedisError) -> bool {
@@ -508,22 +517,17 @@ async fn run(
                 continue;
             }
         }
-        let opened = tokio::time::timeout(COMMAND_TIMEOUT, async {
-            Wake::open(connect().await?, &registry, &mut resp2).await
-        })
-        .await;
+        // The lookup and each connection attempt get a budget of their own: a server
+        // that refuses RESP3 costs a refused attempt and then a RESP2 connection, and
+        // the two must not share what one connection may take.
+        let opened = match bounded(connect()).await {
+            Ok(client) => Wake::open(client, &registry, &mut resp2).await,
+            Err(err) => Err(err),
+        };
         let mut wake = match opened {
-            Ok(Ok(wake)) => wake,
-            Ok(Err(err)) => {
+            Ok(wake) => wake,
+            Err(err) => {
                 tracing::debug!(error = %err, "wake-up connection failed; waiters poll until it is back");
-                if sleep_or_shutdown(&mut rx, backoff).await {
-                    return;
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-            Err(_) => {
-                tracing::debug!("wake-up connection timed out; waiters poll until it is back");
                 if sleep_or_shutdown(&mut rx, backoff).await {
                     return;
                 }
