@@ -62,9 +62,11 @@ pub(crate) fn command_client(
 }
 
 /// Opens the wake-up connection: RESP3, with every push message (sharded messages,
-/// server-side unsubscriptions after a slot moved, disconnections) given to `pushes`,
-/// in the task of the node connection that read it. Also used to ask a slot's master
-/// how many wait.
+/// server-side unsubscriptions after a slot moved, disconnections) given to `pushes`.
+/// redis-rs calls `pushes` from the cluster connection's own task, which receives the
+/// push messages of every node connection in one queue and hands them on in that order
+/// (on a disconnection, after asking for the node's reconnect). Also used to ask a
+/// slot's master how many wait.
 pub(crate) async fn wake_connection(
     nodes: &[ConnectionInfo],
     pushes: impl redis::aio::AsyncPushSender,
