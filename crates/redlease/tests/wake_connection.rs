@@ -64,6 +64,13 @@ where
             released.elapsed()
         );
         guard.release().await.unwrap();
+        // The waiter's client unsubscribes once it waits no more: the next round must
+        // not mistake this round's subscription for its own.
+        eventually(10.0, "the waiter unsubscribed", || {
+            let mut conn = conn.clone();
+            async move { subscribers_resp(&mut conn).await.is_empty() }
+        })
+        .await;
     }
 }
 
@@ -162,6 +169,66 @@ async fn a_server_that_refuses_resp3_wakes_over_resp2_on_a_slow_link() {
     assert!(
         released.elapsed() < Duration::from_secs(10),
         "woken after {:?}, not by the release",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+}
+
+/// A waiter whose subscription is confirmed only after it stopped waiting for the
+/// confirmation (a second) goes on with an attempt and then waits for a message; a
+/// release between that attempt and the confirmation reaches nobody. The confirmation
+/// must wake it to look again — not leave it until it looks again by itself (after half
+/// its registration's life, about 10 s). Its wake-up connection goes through a proxy
+/// that delays everything by 700 ms each way (connecting and subscribing take about
+/// 3 s), its commands straight to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_before_a_late_subscription_is_confirmed_is_not_missed() {
+    use redlease_testkit::Proxy;
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    proxy.set_delay(Duration::from_millis(700));
+    let holder = client(&server.url()).await;
+    let waiter = redlease::Client::builder(redis::Client::open(proxy.url()).unwrap())
+        .connection(raw(&server).await)
+        .build()
+        .await
+        .unwrap();
+    let mut conn = raw(&server).await;
+    let options = LeaseOptions::new().ttl(LONG);
+    let held = holder.mutex_with("late", options).unwrap().lock().await.unwrap();
+    let attempts = command_calls(&mut conn, "evalsha").await;
+    let task = tokio::spawn({
+        let mutex = waiter.mutex_with("late", options).unwrap();
+        async move { mutex.lock().await }
+    });
+    // Its first attempt registers it; the second comes when it stops waiting for the
+    // subscription's confirmation.
+    eventually(
+        10.0,
+        "the waiter's attempt after giving up on the confirmation",
+        || {
+            let mut conn = conn.clone();
+            async move { command_calls(&mut conn, "evalsha").await >= attempts + 2 }
+        },
+    )
+    .await;
+    let subscribed: Vec<redis::Value> = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg("{redlease:late}:wake")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        subscribed.get(1),
+        Some(&redis::Value::Int(0)),
+        "the premise: not subscribed yet"
+    );
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let guard = within(40.0, "the waiter holds", task).await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(6),
+        "woken after {:?}: the release was missed",
         released.elapsed()
     );
     guard.release().await.unwrap();

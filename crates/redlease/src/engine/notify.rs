@@ -12,8 +12,10 @@
 //! kept for the next one to park, so none is lost — and waiters that were not woken do
 //! not retry, so contention does not turn into polling. If the pub/sub connection drops,
 //! every waiter gets a permit (a message may have been missed) while the connection is
-//! rebuilt. And every wait is bounded by the holder's remaining TTL, so a wake-up that
-//! never comes costs at most that.
+//! rebuilt, and another once its subscription is confirmed again (a release in between
+//! reached nobody) — as does a waiter that stopped waiting for its subscription to be
+//! confirmed and went on. And every wait is bounded by the holder's remaining TTL, so a
+//! wake-up that never comes costs at most that.
 //!
 //! Two backends feed the same waiters. On a single Redis (or a Sentinel-managed
 //! master) releases `PUBLISH`, and the connection speaks RESP3: a message arrives as a
@@ -31,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -59,6 +61,10 @@ pub(crate) struct Channel {
     /// Local waiters subscribed; changed only under the registry lock.
     waiters: AtomicUsize,
     subscribed: watch::Sender<bool>,
+    /// A message may have been missed while the subscription was not confirmed (its
+    /// connection was lost, or a waiter stopped waiting for the confirmation and went
+    /// on): every waiter is woken once it is confirmed again.
+    missed: AtomicBool,
     /// Waiters that may be handed the lock by a release, by their public id: a message
     /// `g <id> <details>` is a grant for that waiter alone.
     grants: std::sync::Mutex<HashMap<String, watch::Sender<Option<String>>>>,
@@ -71,6 +77,7 @@ impl Channel {
             generation: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
             subscribed: watch::channel(false).0,
+            missed: AtomicBool::new(false),
             grants: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -111,6 +118,25 @@ impl Channel {
     /// Everyone may have missed a message (a reconnect, a moved slot): wake them all.
     fn wake_all(&self) {
         self.message(usize::MAX);
+    }
+
+    /// The server confirmed the subscription: from now on every release reaches the
+    /// waiters. Those that may have missed one while it was not confirmed are woken to
+    /// look again.
+    fn confirmed(&self) {
+        self.subscribed.send_replace(true);
+        if self.missed.swap(false, Ordering::AcqRel) {
+            self.wake_all();
+        }
+    }
+
+    /// The subscription is gone (its connection broke, its node dropped it, a node did
+    /// not answer): every waiter is woken now, and again once it is confirmed, since a
+    /// release in between reaches nobody.
+    fn lost(&self) {
+        self.subscribed.send_replace(false);
+        self.missed.store(true, Ordering::Release);
+        self.wake_all();
     }
 
     /// A wake-up message arrived: counts it, then wakes `count` waiters.
@@ -229,13 +255,23 @@ pub(crate) struct Subscription {
 
 impl Subscription {
     /// Waits until the server confirmed the subscription, up to `timeout`. Returns
-    /// whether it is active; when not, the waiter falls back to bounded polling.
+    /// whether it is active; when not, the waiter falls back to bounded polling, and is
+    /// woken when the confirmation comes (a release before it reached nobody).
     pub async fn ready(&self, timeout: Duration) -> bool {
         let mut rx = self.state.subscribed.subscribe();
-        matches!(
+        if matches!(
             tokio::time::timeout(timeout, rx.wait_for(|s| *s)).await,
             Ok(Ok(_))
-        )
+        ) {
+            return true;
+        }
+        self.state.missed.store(true, Ordering::Release);
+        // Confirmed meanwhile: nothing the waiter does from now on can be missed.
+        if *self.state.subscribed.borrow() {
+            self.state.missed.store(false, Ordering::Release);
+            return true;
+        }
+        false
     }
 
     /// The number of wake-up messages received so far on this channel.
@@ -504,7 +540,6 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Duration::from_millis(50);
-    let mut connected_before = false;
     let mut resp2 = false;
     loop {
         // Nothing to listen to: wait for the first subscription (or shutdown).
@@ -535,27 +570,30 @@ async fn run(
                 continue;
             }
         };
-        backoff = Duration::from_millis(50);
         let current = channels(&registry);
         if !current.is_empty() {
             let names: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
-            match tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&names)).await {
-                Ok(Ok(())) => {}
-                _ => continue,
+            if !matches!(
+                tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&names)).await,
+                Ok(Ok(()))
+            ) {
+                tracing::debug!("wake-up subscriptions failed; waiters poll until they are back");
+                if sleep_or_shutdown(&mut rx, backoff).await {
+                    return;
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
             }
         }
+        backoff = Duration::from_millis(50);
         for (_, ch) in &current {
-            ch.subscribed.send_replace(true);
-            if connected_before {
-                // Releases published while we were away were missed: let everyone retry.
-                ch.message(usize::MAX);
-            }
+            // After a reconnect, releases published while we were away were missed:
+            // everyone looks again.
+            ch.confirmed();
         }
-        connected_before = true;
         let shutdown = serve(&registry, &mut rx, &mut wake).await;
         for (_, ch) in channels(&registry) {
-            ch.subscribed.send_replace(false);
-            ch.message(usize::MAX);
+            ch.lost();
         }
         if shutdown {
             return;
@@ -597,7 +635,7 @@ async fn serve(
                 };
                 match tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&[&name])).await {
                     Ok(Ok(())) => {
-                        ch.subscribed.send_replace(true);
+                        ch.confirmed();
                     }
                     _ => return false,
                 }
@@ -707,7 +745,7 @@ async fn run_sharded(
             Some(done) = inflight.next(), if !inflight.is_empty() => match done {
                 Done::Subscribed(name, ok) => match lookup(&registry, &name) {
                     Some(ch) if ok => {
-                        ch.subscribed.send_replace(true);
+                        ch.confirmed();
                     }
                     // Waiters poll (bounded by the holder's TTL) until a retry works.
                     Some(_) => {
@@ -721,7 +759,7 @@ async fn run_sharded(
                     if !ok {
                         tracing::debug!("a cluster node did not answer a ping; waking every waiter");
                         for (name, ch) in channels(&registry) {
-                            ch.wake_all();
+                            ch.lost();
                             retry.insert(name);
                         }
                     }
@@ -734,7 +772,7 @@ async fn run_sharded(
                     PushKind::SSubscribe => {
                         // Also sent when redis-rs resubscribes after a reconnect.
                         if let Some(ch) = push.data.first().and_then(text).and_then(|c| lookup(&registry, c)) {
-                            ch.subscribed.send_replace(true);
+                            ch.confirmed();
                         }
                     }
                     PushKind::SUnsubscribe => {
@@ -745,15 +783,14 @@ async fn run_sharded(
                             && let Some(ch) = lookup(&registry, name)
                         {
                             tracing::debug!(channel = %name, "node dropped a sharded subscription; subscribing again");
-                            ch.subscribed.send_replace(false);
-                            ch.wake_all();
+                            ch.lost();
                             inflight.push(ssubscribe(conn.clone(), name.to_owned()));
                         }
                     }
                     PushKind::Disconnection => {
                         tracing::debug!("a cluster node connection dropped; waking every waiter");
                         for (name, ch) in channels(&registry) {
-                            ch.wake_all();
+                            ch.lost();
                             retry.insert(name);
                         }
                     }
