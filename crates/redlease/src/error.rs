@@ -336,8 +336,9 @@ impl Error {
         )
     }
 
-    /// Redis could not be reached or did not answer in time (for a Redlock: a majority
-    /// of its masters); retrying later may work.
+    /// Redis could not be reached, did not answer in time, or was busy (loading, failing
+    /// over, running another client's long script) for longer than the retry window (for
+    /// a Redlock: a majority of its masters); retrying later may work.
     pub fn is_unavailable(&self) -> bool {
         match self {
             Error::Redis { source, .. } => is_transient(source),
@@ -434,9 +435,11 @@ fn first_failure(failed: &[(usize, String)]) -> String {
 }
 
 /// Whether a failed request may have been sent and may succeed if tried again: the
-/// connection broke, the reply timed out, or the server is busy loading or failing over.
+/// connection broke, the reply timed out, or the server is busy loading, failing over
+/// or running another client's long script.
 pub(crate) fn is_transient(err: &RedisError) -> bool {
-    err.is_timeout()
+    is_busy(err)
+        || err.is_timeout()
         || err.is_io_error()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
@@ -451,6 +454,17 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
                     | ServerErrorKind::Ask
             )
         )
+}
+
+/// Whether the server refused the request (or a command of the pipeline) because it is
+/// running a script past `busy-reply-threshold` (`BUSY`): it was not run, and the server
+/// answers again once the script ends or is killed.
+fn is_busy(err: &RedisError) -> bool {
+    matches!(err.kind(), ErrorKind::Extension | ErrorKind::Server(_))
+        && err
+            .clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "BUSY"))
 }
 
 /// A Redis URL as messages and logs may show it: the password replaced by `***`

@@ -414,3 +414,87 @@ async fn a_release_whose_reply_is_lost_is_not_reported_as_lost_after_a_handoff()
     );
     next.release().await.unwrap();
 }
+
+/// `BUSY` replies from the server while another application's Lua script runs past
+/// `busy-reply-threshold`. A `BUSY` request was not run, and the server will answer
+/// again when the script ends or is killed: an acquisition retries it within the retry
+/// window instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_rides_out_a_busy_script() {
+    use redlease_testkit::Proxy;
+    let server = RedisServer::builder()
+        .arg("busy-reply-threshold", "50")
+        .start()
+        .unwrap();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    let client = impatient_client(&proxy.url(), Duration::from_secs(2), Duration::from_secs(10)).await;
+    let mut probe = raw(&server).await;
+    let busy_replies = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("errorstat_BUSY:count="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    for round in 0..5 {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        // The acquisition's first request waits in the proxy until the server is busy.
+        proxy.hold_requests();
+        let mutex = client.mutex(&format!("busy-{round}")).unwrap();
+        let task = tokio::spawn(async move { mutex.try_lock().await.map(|g| g.is_held()) });
+        let script = tokio::spawn({
+            let mut conn = raw(&server).await;
+            async move {
+                let reply: redis::RedisResult<()> = redis::cmd("EVAL")
+                    .arg("while true do end")
+                    .arg(0)
+                    .query_async(&mut conn)
+                    .await;
+                reply
+            }
+        });
+        let mut own_busy = 0;
+        eventually(10.0, "the server answers BUSY", || {
+            let mut probe = probe.clone();
+            let busy = async move {
+                let reply: redis::RedisResult<String> =
+                    redis::cmd("GET").arg("x").query_async(&mut probe).await;
+                matches!(reply, Err(e) if e.code() == Some("BUSY"))
+            };
+            own_busy += 1;
+            busy
+        })
+        .await;
+        proxy.release_requests();
+        // Let the acquisition meet the busy server before the script ends.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !task.is_finished(),
+            "round {round}: the acquisition gave up: {:?}",
+            task.await
+        );
+        let _: () = redis::cmd("SCRIPT")
+            .arg("KILL")
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        assert!(within(5.0, "the script ends", script).await.unwrap().is_err());
+        let held = within(10.0, "the acquisition completes", task).await.unwrap();
+        assert!(held.unwrap(), "round {round}");
+        let info: String = redis::cmd("INFO")
+            .arg("errorstats")
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        let busy = busy_replies(info);
+        // The probe's own BUSY replies (one per check, the last one certain) aside, the
+        // acquisition must have been answered BUSY at least once for this round to count.
+        if busy > own_busy {
+            return;
+        }
+    }
+    panic!("the acquisition never reached the server while it was busy");
+}
