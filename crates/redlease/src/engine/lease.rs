@@ -256,14 +256,16 @@ impl LeaseState {
     /// once if it already was. The renewal task looks at every lease by its
     /// `valid_until`, so a lease that simply runs out is noticed without anyone asking.
     pub fn on_lost(&self, hook: impl FnOnce() + Send + 'static) {
-        let lost = |state: &Self| matches!(state.ended(), Some(r) if r != LostReason::Released);
-        if lost(self) {
+        let lost = |ended: Option<LostReason>| matches!(ended, Some(r) if r != LostReason::Released);
+        if lost(self.ended()) {
             hook();
             return;
         }
         *self.on_lost.lock().expect("lease lock") = Some(LostHook(Box::new(hook)));
-        // It may have been lost meanwhile, before the hook was in place.
-        if lost(self)
+        // Someone may have ended it meanwhile, before the hook was in place. (A lease
+        // that only ran out since is ended by whoever looks next, who finds the hook.)
+        let ended = self.state.lock().expect("lease lock").ended;
+        if lost(ended)
             && let Some(LostHook(hook)) = self.on_lost.lock().expect("lease lock").take()
         {
             hook();
@@ -301,9 +303,10 @@ impl LeaseState {
 
     /// When the renewal task looks at the lease next: a third of the TTL after it was
     /// last confirmed to renew it, or — without automatic renewal — at `valid_until`,
-    /// to notice that it ran out.
+    /// to notice that it ran out. (It does not look at whether the lease ran out: the
+    /// renewal task does, when it comes to the lease, at the latest at `valid_until`.)
     pub fn next_renewal(&self) -> Instant {
-        let s = self.state();
+        let s = *self.state.lock().expect("lease lock");
         if self.auto_renew {
             later(s.confirmed_at, s.ttl / 3)
         } else {

@@ -168,6 +168,11 @@ impl AcquireCall {
         }
     }
 
+    /// When the call started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Counts the call's `result` and passes it on.
     pub fn finish<T>(self, result: Result<T>) -> Result<T> {
         let keys = self.primitive.keys();

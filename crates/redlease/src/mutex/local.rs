@@ -359,8 +359,10 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
     }
 
     fn revoke_if_not_taken_up(self: &Arc<Self>, st: &mut State<L, H>) {
-        let now = tokio::time::Instant::now();
-        let lapsed = |until: Option<tokio::time::Instant>| until.is_some_and(|until| now >= until);
+        // The clock is read only when something was handed over or passed on.
+        let lapsed = |until: Option<tokio::time::Instant>| {
+            until.is_some_and(|until| tokio::time::Instant::now() >= until)
+        };
         if (lapsed(st.handed_until) || lapsed(st.turn_until)) && st.busy {
             tracing::debug!("a local hand-over or turn was not taken up in time; the turn passes on");
             self.revoke_locked(st);

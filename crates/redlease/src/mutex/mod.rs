@@ -234,13 +234,14 @@ impl Mutex {
     /// Acquires as `wait` says, counting the call in the metrics.
     async fn acquire(&self, wait: Wait) -> Result<MutexGuard> {
         let call = AcquireCall::start(Primitive::Mutex);
-        call.finish(self.acquire_uncounted(wait).await)
+        let started = call.started();
+        call.finish(self.acquire_uncounted(wait, started).await)
     }
 
-    async fn acquire_uncounted(&self, wait: Wait) -> Result<MutexGuard> {
+    /// Acquires as `wait` says, for a call that started at `started`.
+    async fn acquire_uncounted(&self, wait: Wait, started: Instant) -> Result<MutexGuard> {
         let s = &*self.shared;
         let mut token = Token::for_owner(&s.base.ctx.label);
-        let started = Instant::now();
         // Tasks of this client queue locally behind the local holder; one at a time
         // goes to Redis. A hand-over gives a waiter the lease its own handle asks for (its
         // claim window at first, which its renewal extends).
