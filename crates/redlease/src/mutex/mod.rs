@@ -60,10 +60,6 @@ struct MutexShared {
     /// `[lock key, fencing counter, its floor]`: hand-over and status (made at first
     /// use: most handles never need it).
     fence_keys: std::sync::OnceLock<Arc<[Arc<str>]>>,
-    /// `[lock key]`: extend. (During a slot migration a script naming a key that does
-    /// not exist is refused with TRYAGAIN: the calls that must keep working then —
-    /// renewals — name only the key that exists while the lock is held.)
-    lock_keys: Arc<[Arc<str>]>,
     /// The wake-up channel, `{<lock key>}:wake` (made at first use: a free lock never
     /// needs it).
     channel: std::sync::OnceLock<Arc<str>>,
@@ -123,7 +119,6 @@ impl Mutex {
                 local: base.ctx.locals.get(&base.key),
                 keys: Arc::new([base.key.clone(), counter, floor, keys.aux_shared("q")]),
                 fence_keys: std::sync::OnceLock::new(),
-                lock_keys: Arc::new([base.key.clone()]),
                 ttl_arg: millis.arg(ttl_ms),
                 claim_arg: millis.arg(grant_claim(options.ttl).as_millis() as u64),
                 handover_arg: base.ctx.handover.arg(grant_claim(options.ttl).as_millis() as u64),
@@ -422,7 +417,7 @@ impl Mutex {
                     fence: Some(fence),
                     sent,
                     remaining: s.base.options.ttl,
-                    renew: self.renew_call(token),
+                    renew: renew_call(&release),
                     release,
                 });
                 claim.disarm();
@@ -457,6 +452,7 @@ impl Mutex {
             None,
         );
         let registration: Arc<str> = format!("{id_kind}{}", token.expose()).into();
+        let release = self.release_call(&token);
         let spec = Acquire {
             script: &MUTEX_ACQUIRE,
             cmd: &cmd,
@@ -465,8 +461,8 @@ impl Mutex {
             // Gives back a lock an attempt may have taken (or was handed), and leaves
             // the registration.
             undo: self.release_call_leaving(&token, registration),
-            renew: self.renew_call(&token),
-            release: self.release_call(&token),
+            renew: renew_call(&release),
+            release,
             token,
             grant: grants.then(|| Granted {
                 id: &id,
@@ -484,11 +480,6 @@ impl Mutex {
                 })
             })
             .await
-    }
-
-    fn renew_call(&self, token: &Token) -> ScriptCall {
-        let s = &*self.shared;
-        ScriptCall::new(&MUTEX_EXTEND, s.lock_keys.clone(), Arc::new([token.shared()]))
     }
 
     fn release_call(&self, token: &Token) -> ScriptCall {
@@ -606,8 +597,8 @@ impl Mutex {
     pub async fn extend_token(&self, token: &Token, ttl: Duration) -> Result<()> {
         let s = &*self.shared;
         let ttl_ms = s.base.ttl_ms(ttl)?;
-        let call = self.renew_call(token);
         let release = self.release_call(token);
+        let call = renew_call(&release);
         s.base
             .by_token("extend", &call.cmd_with_ttl(ttl_ms), call.script, Some(&release))
             .await
@@ -635,6 +626,15 @@ impl Mutex {
             waiters,
         })
     }
+}
+
+/// The renewal (and extend) call of the holding that `release` releases: its first key,
+/// the lock key, and its first argument, the token, shared with the release call.
+/// (During a slot migration a script naming a key that does not exist is refused with
+/// TRYAGAIN: the calls that must keep working then — renewals — name only the key that
+/// exists while the lock is held.)
+fn renew_call(release: &ScriptCall) -> ScriptCall {
+    release.leading(&MUTEX_EXTEND, 1, 1)
 }
 
 /// Every fencing token is above this (2^50): a counter below it was made by a pipelined
@@ -800,12 +800,13 @@ impl HandedLock {
     fn into_guard(mut self) -> MutexGuard {
         let m = &self.mutex;
         let token = self.token.take().expect("present until consumed");
+        let release = m.release_call(&token);
         let core = m.shared.base.hold(Held {
             fence: Some(self.fence),
             sent: self.sent,
             remaining: self.remaining,
-            renew: m.renew_call(&token),
-            release: m.release_call(&token),
+            renew: renew_call(&release),
+            release,
             token,
         });
         let turn = self.turn.take();

@@ -83,23 +83,64 @@ impl LuaScript {
 #[derive(Clone)]
 pub(crate) struct ScriptCall {
     pub script: &'static LuaScript,
-    pub keys: Arc<[Arc<str>]>,
-    pub args: Arc<[Arc<str>]>,
+    keys: Leading,
+    args: Leading,
+}
+
+/// The first `len` strings of a shared list: a call whose keys and arguments begin
+/// another call's (a mutex's renewal, of its release) shares that call's lists.
+#[derive(Clone)]
+struct Leading {
+    all: Arc<[Arc<str>]>,
+    len: usize,
+}
+
+impl Leading {
+    fn all(all: Arc<[Arc<str>]>) -> Self {
+        Leading { len: all.len(), all }
+    }
+
+    fn first(&self, len: usize) -> Self {
+        assert!(len <= self.len, "a call takes no more than it has");
+        Leading {
+            all: self.all.clone(),
+            len,
+        }
+    }
+
+    fn get(&self) -> &[Arc<str>] {
+        &self.all[..self.len]
+    }
 }
 
 impl ScriptCall {
     pub fn new(script: &'static LuaScript, keys: Arc<[Arc<str>]>, args: Arc<[Arc<str>]>) -> Self {
-        ScriptCall { script, keys, args }
+        ScriptCall {
+            script,
+            keys: Leading::all(keys),
+            args: Leading::all(args),
+        }
+    }
+
+    /// A call of `script` with the first `keys` keys and `args` arguments of this
+    /// call, sharing them.
+    pub fn leading(&self, script: &'static LuaScript, keys: usize, args: usize) -> Self {
+        ScriptCall {
+            script,
+            keys: self.keys.first(keys),
+            args: self.args.first(args),
+        }
     }
 
     /// The call as an EVALSHA command.
     pub fn cmd(&self) -> Cmd {
-        self.script.evalsha(&self.keys, &self.args, None)
+        self.script.evalsha(self.keys.get(), self.args.get(), None)
     }
 
     /// The call with `ttl_ms` appended as its last argument.
     pub fn cmd_with_ttl(&self, ttl_ms: u64) -> Cmd {
-        self.script.evalsha(&self.keys, &self.args, Some(ttl_ms))
+        self.script
+            .evalsha(self.keys.get(), self.args.get(), Some(ttl_ms))
     }
 }
 
@@ -108,7 +149,7 @@ impl std::fmt::Debug for ScriptCall {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScriptCall")
             .field("script", &self.script.name)
-            .field("keys", &self.keys)
+            .field("keys", &self.keys.get())
             .finish_non_exhaustive()
     }
 }
