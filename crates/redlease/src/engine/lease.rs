@@ -136,7 +136,7 @@ pub(crate) struct LeaseState {
     /// Replicas that acknowledged the last acquire/extend under a replica-ack policy;
     /// `NO_ACK` without one.
     replicas_acked: AtomicU32,
-    /// Called once when the lease is lost (ends for any reason but `Released`).
+    /// Told once when the lease is lost (ends for any reason but `Released`).
     on_lost: std::sync::Mutex<Option<LostHook>>,
     /// The kind of lock held, for the metrics; `None` for what is no holding (a
     /// waiter's entry).
@@ -145,8 +145,25 @@ pub(crate) struct LeaseState {
     since: Instant,
 }
 
-/// What a lease calls when it is lost.
-struct LostHook(Box<dyn FnOnce() + Send>);
+/// Something told when a lease is lost (see [`LeaseState::on_lost`]).
+pub(crate) trait OnLost: Send + Sync + 'static {
+    /// The lease it was registered for with `tag` was lost.
+    fn lost(self: Arc<Self>, tag: u64);
+}
+
+/// Whom a lost lease tells, if it is still there, and with what.
+struct LostHook {
+    listener: Weak<dyn OnLost>,
+    tag: u64,
+}
+
+impl LostHook {
+    fn call(self) {
+        if let Some(listener) = self.listener.upgrade() {
+            listener.lost(self.tag);
+        }
+    }
+}
 
 impl std::fmt::Debug for LostHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -231,8 +248,8 @@ impl LeaseState {
             _ => {
                 tracing::warn!(lock = %self.name, %reason, "lease lost");
                 let hook = self.on_lost.lock().expect("lease lock").take();
-                if let Some(LostHook(hook)) = hook {
-                    hook();
+                if let Some(hook) = hook {
+                    hook.call();
                 }
             }
         }
@@ -251,24 +268,27 @@ impl LeaseState {
         }
     }
 
-    /// Calls `hook` once if the lease is lost — when it ends for any reason but
-    /// `Released`, whoever notices first (the renewal task, `lost()`, `is_held()`); at
-    /// once if it already was. The renewal task looks at every lease by its
-    /// `valid_until`, so a lease that simply runs out is noticed without anyone asking.
-    pub fn on_lost(&self, hook: impl FnOnce() + Send + 'static) {
+    /// Tells `listener` (if it is still there) once, with `tag`, if the lease is lost —
+    /// when it ends for any reason but `Released`, whoever notices first (the renewal
+    /// task, `lost()`, `is_held()`); at once if it already was. The renewal task looks
+    /// at every lease by its `valid_until`, so a lease that simply runs out is noticed
+    /// without anyone asking. (A listener and a tag rather than a closure: registering
+    /// allocates nothing.)
+    pub fn on_lost(&self, listener: Weak<dyn OnLost>, tag: u64) {
+        let hook = LostHook { listener, tag };
         let lost = |ended: Option<LostReason>| matches!(ended, Some(r) if r != LostReason::Released);
         if lost(self.ended()) {
-            hook();
+            hook.call();
             return;
         }
-        *self.on_lost.lock().expect("lease lock") = Some(LostHook(Box::new(hook)));
+        *self.on_lost.lock().expect("lease lock") = Some(hook);
         // Someone may have ended it meanwhile, before the hook was in place. (A lease
         // that only ran out since is ended by whoever looks next, who finds the hook.)
         let ended = self.state.lock().expect("lease lock").ended;
         if lost(ended)
-            && let Some(LostHook(hook)) = self.on_lost.lock().expect("lease lock").take()
+            && let Some(hook) = self.on_lost.lock().expect("lease lock").take()
         {
-            hook();
+            hook.call();
         }
     }
 

@@ -34,12 +34,12 @@
 //! released (or handed on) by the code that made it.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio::sync::oneshot;
 
 use crate::engine::deadline::later;
-use crate::engine::lease::Lease;
+use crate::engine::lease::{Lease, OnLost};
 use crate::token::Token;
 
 /// Consecutive local hand-overs before the lock goes back through Redis.
@@ -221,14 +221,8 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
         st.turn_until = None;
         st.handing = None;
         drop(st);
-        let local = Arc::downgrade(self);
-        let number = turn.number;
-        lease.state.on_lost(move || {
-            if let Some(local) = local.upgrade() {
-                tracing::debug!("the local holder's lease was lost; its turn passes on");
-                local.revoke(number);
-            }
-        });
+        let local: Weak<dyn OnLost> = Arc::downgrade(self) as Weak<Self>;
+        lease.state.on_lost(local, turn.number);
     }
 
     /// Waits in the queue until a hand-over or the turn arrives, or until `deadline`
@@ -381,6 +375,14 @@ impl<L: Send + 'static, H: Send + 'static> LocalLock<L, H> {
             return; // revoked: already passed on
         }
         self.give_turn(&mut st, number);
+    }
+}
+
+/// A local holder's lease was lost: its turn (`number`) is revoked and passed on.
+impl<L: Send + 'static, H: Send + 'static> OnLost for LocalLock<L, H> {
+    fn lost(self: Arc<Self>, number: u64) {
+        tracing::debug!("the local holder's lease was lost; its turn passes on");
+        self.revoke(number);
     }
 }
 
