@@ -649,7 +649,7 @@ impl ClientBuilder {
                                     format!("cannot connect to redis at {addr}{}", tls_hint(&redis, &e));
                                 cannot_connect(addr, reason, e)
                             })?;
-                        Arc::new(manager)
+                        Arc::new(crate::transport::Managed(manager))
                     }
                 };
                 crate::script::preload(&*conn, false).await;
@@ -926,7 +926,10 @@ impl Redlock {
                     ),
                     source: Some(e),
                 })?;
-                builder.connection(manager).build().await
+                builder
+                    .connection(crate::transport::Managed(manager))
+                    .build()
+                    .await
             }
         });
         let clients = futures_util::future::join_all(builds)

@@ -94,6 +94,41 @@ where
     }
 }
 
+/// The connection redlease opens itself: a [`ConnectionManager`], whose commands go
+/// through its own `send_packed_command` — as its `ConnectionLike` implementation
+/// does, but without boxing each command's future a second time.
+///
+/// [`ConnectionManager`]: redis::aio::ConnectionManager
+#[derive(Clone)]
+pub(crate) struct Managed(pub redis::aio::ConnectionManager);
+
+impl CommandConnection for Managed {
+    fn send<'a>(&'a self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let mut conn = self.0.clone();
+        // What `Cmd::query_async` does with the reply.
+        Box::pin(async move { conn.send_packed_command(cmd).await?.extract_error() })
+    }
+
+    // Pipelines as any redis-rs connection sends them (the reply handling of
+    // `Pipeline::query_async` is its own).
+    fn send_pipeline<'a>(&'a self, pipe: &'a Pipeline) -> RedisFuture<'a, Vec<RedisResult<Value>>> {
+        CommandConnection::send_pipeline(&self.0, pipe)
+    }
+
+    fn send_packed_commands<'a>(
+        &'a self,
+        pipe: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        CommandConnection::send_packed_commands(&self.0, pipe, offset, count)
+    }
+
+    fn db(&self) -> i64 {
+        CommandConnection::db(&self.0)
+    }
+}
+
 impl std::fmt::Debug for dyn CommandConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("CommandConnection")
