@@ -15,9 +15,8 @@
 //! unbounded. The keys of the metrics recorded on every acquisition and release are
 //! built at compile time, so recording them allocates nothing; with no recorder
 //! installed the facade answers every call with a no-op handle, so the cost is a
-//! thread-local and an atomic read per call.
-
-use std::time::Duration;
+//! thread-local and an atomic read per call (and durations are not even measured:
+//! the clock is read only when a histogram takes the value).
 
 use metrics::{Key, Label, Level, Metadata, Unit};
 use tokio::time::Instant;
@@ -148,8 +147,19 @@ fn count(key: &Key, n: u64) {
     metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(n));
 }
 
-fn observe(key: &Key, d: Duration) {
-    metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(d.as_secs_f64()));
+/// Records the time since `start`, reading the clock only if a recorder takes it.
+fn observe_since(key: &Key, start: Instant) {
+    metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(SecondsSince(start)));
+}
+
+/// The seconds elapsed since an instant, as a histogram value: the clock is read when
+/// the value is taken, and a histogram with no recorder behind it never takes it.
+struct SecondsSince(Instant);
+
+impl metrics::IntoF64 for SecondsSince {
+    fn into_f64(self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
 }
 
 /// One acquire call, timed from its start: [`finish`](AcquireCall::finish) counts its
@@ -184,7 +194,7 @@ impl AcquireCall {
         };
         count(&keys.acquisitions[outcome], 1);
         if result.is_ok() {
-            observe(&keys.wait, self.started.elapsed());
+            observe_since(&keys.wait, self.started);
         }
         result
     }
@@ -201,7 +211,7 @@ pub(crate) enum Lost {
 /// A holding of a `primitive` that started at `since` ended, `lost` or not.
 pub(crate) fn hold_ended(primitive: Primitive, since: Instant, lost: Option<Lost>) {
     let keys = primitive.keys();
-    observe(&keys.hold, since.elapsed());
+    observe_since(&keys.hold, since);
     if let Some(lost) = lost {
         count(&keys.lost[lost as usize], 1);
     }
