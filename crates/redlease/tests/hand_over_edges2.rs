@@ -122,7 +122,7 @@ async fn a_later_local_arrival_does_not_overtake_a_task_waiting_past_its_claim_w
 
 /// A release() future that is polled once (it picked its local waiter and sent the
 /// hand-over) and then left alone. The hand-over lands: the lock is on the waiter's
-/// token, with nobody to renew it, and lapses after the waiter's 1 s lease. The picked
+/// token, with nobody to renew it, and lapses after the waiter's 3 s lease. The picked
 /// waiter now waits for the releasing future only (`picked`: bound = its own
 /// deadline), although the local docs say a queued task that gets neither a hand-over
 /// nor the turn within a claim window goes to Redis itself: it times out with the lock
@@ -135,13 +135,15 @@ async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
     let m = c
         .mutex_with(
             "unpolled-release",
-            LeaseOptions::new().ttl(Duration::from_secs(1)),
+            // Long enough for the holder's renewal to keep it on a loaded machine (the
+            // release's first poll must find it held).
+            LeaseOptions::new().ttl(Duration::from_secs(3)),
         )
         .unwrap();
     let held = m.lock().await.unwrap();
     let mut waiting: Boxed<_> = Box::pin({
         let m = m.clone();
-        async move { m.lock_timeout(Duration::from_secs(6)).await }
+        async move { m.lock_timeout(Duration::from_secs(12)).await }
     });
     poll_once(&mut waiting).await;
     let started = Instant::now();
@@ -149,7 +151,7 @@ async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
     let mut releasing: Boxed<_> = Box::pin(held.release());
     poll_once(&mut releasing).await;
     // The hand-over lands on the waiter's token (nobody polls the release any more).
-    let (result, waited) = within(10.0, "the picked waiter", waiter).await.unwrap();
+    let (result, waited) = within(20.0, "the picked waiter", waiter).await.unwrap();
     match result {
         Ok(guard) => {
             assert!(guard.is_held());
@@ -169,7 +171,7 @@ async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
 
 /// The semaphore's form of the above. A release() future polled once picks
 /// the queued task and moves the permit onto its token, then is left alone. The permit
-/// lapses after the queued task's 1 s lease; the client's task in Redis takes it and
+/// lapses after the queued task's 3 s lease; the client's task in Redis takes it and
 /// gives it back. The picked task waits only for the unpolled release, never for Redis
 /// ("after the claim window of a hand-over (at most 2 s) without a hand-over, a queued
 /// task leaves the queue and goes to Redis itself — so a permit ... handed to a waiter
@@ -184,7 +186,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
         .semaphore_with(
             "sem-unpolled-release",
             1,
-            LeaseOptions::new().ttl(Duration::from_secs(1)),
+            LeaseOptions::new().ttl(Duration::from_secs(3)),
         )
         .unwrap();
     let waiters = format!("{{{}}}:waiters", sem.key());
@@ -192,7 +194,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     let in_redis = tokio::spawn({
         let sem = sem.clone();
         async move {
-            let p = sem.acquire_timeout(Duration::from_secs(8)).await?;
+            let p = sem.acquire_timeout(Duration::from_secs(16)).await?;
             p.release().await
         }
     });
@@ -211,7 +213,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let queued = tokio::spawn({
         let sem = sem.clone();
-        async move { sem.acquire_timeout(Duration::from_secs(8)).await }
+        async move { sem.acquire_timeout(Duration::from_secs(16)).await }
     });
     eventually(5.0, "2 waiters", || {
         let sem = sem.clone();
@@ -221,7 +223,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     let mut releasing: Boxed<_> = Box::pin(held.release());
     poll_once(&mut releasing).await;
     within(
-        10.0,
+        20.0,
         "the task in Redis gets the lapsed permit and gives it back",
         in_redis,
     )
@@ -229,7 +231,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     .unwrap()
     .unwrap();
     let released = Instant::now();
-    match within(10.0, "the picked task", queued).await.unwrap() {
+    match within(20.0, "the picked task", queued).await.unwrap() {
         Ok(p) => assert!(p.is_held()),
         Err(e) => panic!(
             "the task picked by a release future that is no longer polled never got the \
