@@ -149,7 +149,7 @@ async fn a_waiter_picked_by_an_unpolled_release_gets_the_lapsed_lock() {
     let started = Instant::now();
     let waiter = tokio::spawn(async move { (waiting.await, started.elapsed()) });
     let mut releasing: Boxed<_> = Box::pin(held.release());
-    poll_once(&mut releasing).await;
+    poll_release_once(&mut releasing).await;
     // The hand-over lands on the waiter's token (nobody polls the release any more).
     let (result, waited) = within(20.0, "the picked waiter", waiter).await.unwrap();
     match result {
@@ -221,7 +221,7 @@ async fn a_semaphore_task_picked_by_an_unpolled_release_gets_the_free_permit() {
     })
     .await;
     let mut releasing: Boxed<_> = Box::pin(held.release());
-    poll_once(&mut releasing).await;
+    poll_release_once(&mut releasing).await;
     within(
         20.0,
         "the task in Redis gets the lapsed permit and gives it back",

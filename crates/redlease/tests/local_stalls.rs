@@ -38,7 +38,7 @@ async fn the_queue_behind_a_waiter_picked_by_a_stalled_release_moves_on() {
     });
     let w2 = tokio::spawn(async move { (w2.await, started.elapsed()) });
     let mut releasing: Boxed<_> = Box::pin(held.release());
-    poll_once(&mut releasing).await;
+    poll_release_once(&mut releasing).await;
     let f1 = within(10.0, "W1", w1).await.unwrap().expect("W1 gets the lock");
     let w1_done = started.elapsed();
     let (result, waited) = within(15.0, "W2", w2).await.unwrap();

@@ -200,6 +200,23 @@ pub async fn until_waiters(sem: &redlease::Semaphore, n: u64) {
     .await;
 }
 
+/// Polls a `release()` future once (it picks its local waiter and sends the hand-over),
+/// then leaves it. It is normally still waiting for Redis's answer; on a loaded machine
+/// the thread may be preempted between sending and looking for the answer, and the
+/// release is then complete — the stall it stands for did not happen, which the
+/// callers' assertions allow. Returns whether it is still pending.
+pub async fn poll_release_once<T>(fut: &mut Boxed<T>) -> bool {
+    let mut pending = None;
+    std::future::poll_fn(|cx| {
+        if pending.is_none() {
+            pending = Some(fut.as_mut().poll(cx).is_pending());
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+    pending.unwrap_or(true)
+}
+
 /// Polls `fut` once, which must leave it pending (a lock() joins its client's local
 /// queue on its first poll; a release() picks its local waiter and sends the hand-over).
 pub async fn poll_once<T>(fut: &mut Boxed<T>) {
