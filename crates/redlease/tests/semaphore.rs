@@ -654,7 +654,8 @@ async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_o
     let server = server();
     let mut conn = raw(&server).await;
     // The old limit's client talks through a proxy that holds its requests while the
-    // limit changes (a waiter that polls must not take the lapsed permits first).
+    // limit changes: a request it sent meanwhile would land after the change (and fail
+    // the test with a limit mismatch instead of the waiter's timeout).
     let proxy = Proxy::start(server.addr()).await.unwrap();
     let old = client(&proxy.url()).await;
     let new = client(&server.url()).await;
@@ -669,7 +670,8 @@ async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_o
         .await
         .unwrap();
 
-    // The old limit, 5: all five permits held.
+    // The old limit, 5: all five permits held (forgotten: nobody renews them, so the
+    // waiter below is the only one to run scripts until the limit changes).
     let _ = old
         .semaphore("s", 5)
         .unwrap()
@@ -677,76 +679,109 @@ async fn a_waiter_of_an_old_limit_that_gives_up_hands_out_nothing_past_the_new_o
         .await
         .unwrap()
         .forget();
-    let sem5 = old.semaphore("s", 5).unwrap();
-    let w5a = tokio::spawn({
-        let s = sem5.clone();
-        async move { s.acquire_timeout(Duration::from_millis(900)).await }
-    });
-    let w5b = tokio::spawn({
-        let s = sem5.clone();
-        async move { s.acquire().await }
-    });
-    let w5c = tokio::spawn({
-        let s = sem5.clone();
-        async move { s.acquire().await }
-    });
-    eventually(2.0, "three waiters of the old limit registered", || {
-        let mut conn = conn.clone();
-        async move { zcard(&mut conn, "{redlease:s}:waiters").await == 3 }
-    })
-    .await;
-    proxy.hold_requests();
-    // The old holder crashed and its permits lapsed (their deadlines moved to the past:
-    // waiting out the lease would wake the waiters at the same moment).
-    let members: Vec<String> = redis::cmd("ZRANGE")
-        .arg("redlease:s")
-        .arg(0)
-        .arg(-1)
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
         .query_async(&mut conn)
         .await
         .unwrap();
-    for m in &members {
-        let _: i64 = redis::cmd("ZADD")
-            .arg("redlease:s")
-            .arg("XX")
-            .arg(1)
-            .arg(m)
+    // The waiter that will give up. (Long enough for the limit to change first: it
+    // must not have finished before then, which is checked below.)
+    let sem5 = old.semaphore("s", 5).unwrap();
+    let w5a = tokio::spawn({
+        let s = sem5.clone();
+        async move { s.acquire_timeout(Duration::from_secs(3)).await }
+    });
+    // It has settled: its first attempt registered, and its second (sent once its
+    // wake-up subscription is confirmed) has run. After that it sends nothing until it
+    // gives up. (Its registration alone does not tell: the second attempt could still
+    // be on its way.)
+    eventually(5.0, "the waiter registered and looked again", || {
+        let mut conn = conn.clone();
+        async move {
+            zcard(&mut conn, "{redlease:s}:waiters").await == 1
+                && command_calls(&mut conn, "evalsha").await >= 2
+        }
+    })
+    .await;
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        2,
+        "the waiter's two attempts, nothing else"
+    );
+    let w5a_registration = members(&conn, "{redlease:s}:waiters").await;
+    // Two more waiters of the old limit, for one permit each, registered as other
+    // processes' waiters would be (they do not look again by themselves): a release
+    // under the old limit would hand them the room it frees.
+    let others: Vec<String> = (1..=2)
+        .map(|i| {
+            format!(
+                "{}{}1/5",
+                format!("{i:x}").repeat(32),
+                format!("c{i:x}").repeat(16)
+            )
+        })
+        .collect();
+    for reg in &others {
+        let _: () = redis::cmd("ZADD")
+            .arg("{redlease:s}:waiters")
+            .arg(i64::MAX / 2)
+            .arg(reg)
             .query_async(&mut conn)
             .await
             .unwrap();
     }
+    proxy.hold_requests();
+    // The old holder crashed and its permits lapsed (their deadlines moved to the past:
+    // waiting out the lease would wake the waiters at the same moment).
+    let lapse = async |conn: &mut redis::aio::MultiplexedConnection, members: &[String]| {
+        for m in members {
+            let _: i64 = redis::cmd("ZADD")
+                .arg("redlease:s")
+                .arg("XX")
+                .arg(1)
+                .arg(m)
+                .query_async(conn)
+                .await
+                .unwrap();
+        }
+    };
+    let held = members(&conn, "redlease:s").await;
+    assert_eq!(held.len(), 5);
+    lapse(&mut conn, &held).await;
     // The new limit, 2, takes over: one permit held, the other taken by a holder that
-    // crashed at once (left unpruned).
+    // crashed at once (its permit lapsed, left unpruned).
     let sem2 = new.semaphore("s", 2).unwrap();
     let c2 = sem2.try_acquire().await.expect("the new limit takes over");
-    let short = new
-        .semaphore_with(
-            "s",
-            2,
-            LeaseOptions::new()
-                .ttl(Duration::from_millis(50))
-                .auto_renew(false),
-        )
-        .unwrap();
-    let _ = short
-        .try_acquire()
-        .await
-        .expect("the second permit of 2")
-        .forget();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let crashed = sem2.try_acquire().await.expect("the second permit of 2").forget();
+    lapse(&mut conn, &[format!("{}:1", crashed.expose())]).await;
+    assert!(!w5a.is_finished(), "the waiter gave up before the limit changed");
     proxy.release_requests();
 
-    // w5a gives up; its release runs under limit 5.
-    let gave_up = within(5.0, "w5a times out", w5a).await.unwrap();
-    assert!(gave_up.unwrap_err().is_timeout());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // w5a gives up; its release runs under limit 5 (in the background: it is done when
+    // its registration is gone).
+    let gave_up = within(10.0, "w5a times out", w5a).await.unwrap();
+    let err = gave_up.unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    eventually(5.0, "the give-up's release ran", || {
+        let (conn, w5a_registration) = (conn.clone(), w5a_registration.clone());
+        async move {
+            let waiting = members(&conn, "{redlease:s}:waiters").await;
+            !waiting.iter().any(|w| w5a_registration.contains(w))
+        }
+    })
+    .await;
+    assert_eq!(
+        members(&conn, "redlease:s").await,
+        vec![format!("{}:1", c2.token().expose())],
+        "the new limit's holder alone (the lapsed permit pruned, nothing handed out)"
+    );
+    let mut waiting = members(&conn, "{redlease:s}:waiters").await;
+    waiting.sort();
+    assert_eq!(waiting, others, "the old limit's waiters were handed nothing");
     let status = sem2.status().await.unwrap();
     assert_eq!(status.limit, 2);
     assert!(status.in_use <= 2, "{status:?}");
     assert!(c2.is_held());
-    w5b.abort();
-    w5c.abort();
-    let _ = (w5b.await, w5c.await);
     c2.release().await.unwrap();
 }
 
