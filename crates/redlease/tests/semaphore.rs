@@ -122,7 +122,11 @@ async fn several_permits_are_taken_all_or_nothing() {
         let sem = sem.clone();
         async move { sem.acquire_many_timeout(4, Duration::from_secs(5)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(5.0, "the 4-permit waiter registers", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:many}:waiters").await == 1 }
+    })
+    .await;
     two.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiter.is_finished(), "2 free permits are not 4");
@@ -304,6 +308,13 @@ async fn a_release_hands_the_permit_to_a_registered_waiter_in_one_request() {
         .await
         .unwrap();
     let holder = a.semaphore("handed", 1).unwrap().acquire().await.unwrap();
+    // From here on only the waiter runs scripts until the release: its attempts are
+    // counted.
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let waiting = b.semaphore("handed", 1).unwrap();
     let (got_tx, got_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
@@ -313,13 +324,21 @@ async fn a_release_hands_the_permit_to_a_registered_waiter_in_one_request() {
         done_rx.await.unwrap();
         permit.release().await.unwrap();
     });
-    eventually(5.0, "the waiter registers", || {
+    // The waiter registers, and its second look (sent once its wake-up subscription is
+    // confirmed) has run before the release: only the release is counted below.
+    eventually(5.0, "the waiter registers and looks again", || {
         let mut conn = conn.clone();
-        async move { zcard(&mut conn, "{redlease:handed}:waiters").await == 1 }
+        async move {
+            zcard(&mut conn, "{redlease:handed}:waiters").await == 1
+                && command_calls(&mut conn, "evalsha").await >= 2
+        }
     })
     .await;
-    // Let the waiter's second look (after its subscription) go out first.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        command_calls(&mut conn, "evalsha").await,
+        2,
+        "the waiter's two attempts"
+    );
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut conn)
@@ -413,7 +432,15 @@ async fn a_wake_up_the_woken_waiter_cannot_use_is_passed_on() {
         let sem = sem.clone();
         async move { sem.acquire_many_timeout(2, Duration::from_secs(10)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let conn = raw(&server).await;
+    let registered = async |n: u64| {
+        eventually(5.0, &format!("{n} waiters registered"), || {
+            let mut conn = conn.clone();
+            async move { zcard(&mut conn, "{redlease:mixed}:waiters").await == n }
+        })
+        .await
+    };
+    registered(1).await;
     let wants_one = tokio::spawn({
         let sem = sem.clone();
         async move {
@@ -421,7 +448,7 @@ async fn a_wake_up_the_woken_waiter_cannot_use_is_passed_on() {
             (Instant::now(), p)
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    registered(2).await;
     let released = Instant::now();
     a.release().await.unwrap();
     let (acquired, one) = within(5.0, "the one-permit waiter is served", wants_one)
@@ -485,7 +512,11 @@ async fn cancelled_or_dropped_acquisitions_leave_nothing() {
         let sem = sem.clone();
         async move { sem.acquire().await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(5.0, "the waiter registers", || {
+        let mut conn = conn.clone();
+        async move { zcard(&mut conn, "{redlease:cancelled}:waiters").await == 1 }
+    })
+    .await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     // Dropping the permit gives it back in the background.
