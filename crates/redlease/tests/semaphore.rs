@@ -419,8 +419,10 @@ async fn a_permit_handed_to_a_dead_waiter_comes_back_within_the_claim() {
     assert!(stall <= ttl + Duration::from_millis(300), "stalled {stall:?}");
 }
 
-/// One process waits for 2 permits and for 1; a single permit is freed. The waiter
-/// woken first needs 2, cannot use it, and must hand the wake-up to the other.
+/// One process waits for 2 permits and for 1; a single permit is freed. The waiter that
+/// registered first needs 2 and cannot use it: the permit must reach the other at once
+/// (the release hands it to the first registered waiter it fits; a wake-up the 2-permit
+/// waiter could not use would be passed on) — never sit unused behind the head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_up_the_woken_waiter_cannot_use_is_passed_on() {
     let server = server();
