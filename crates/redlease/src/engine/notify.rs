@@ -266,12 +266,13 @@ impl Subscription {
             return true;
         }
         self.state.missed.store(true, Ordering::Release);
-        // Confirmed meanwhile: nothing the waiter does from now on can be missed.
-        if *self.state.subscribed.borrow() {
-            self.state.missed.store(false, Ordering::Release);
-            return true;
-        }
-        false
+        // Confirmed meanwhile: nothing the waiter does from now on can be missed. The
+        // flag stays set: only `confirmed` clears it, and wakes the waiters when it does.
+        // (Clearing it here could erase another waiter's, or a lost subscription's, between
+        // a confirmation's two steps — or a loss right after this look — and that wake-up
+        // would never come. Left set, it costs at most one extra wake-up at the next
+        // confirmation, which mostly follows a loss that sets it anyway.)
+        *self.state.subscribed.borrow()
     }
 
     /// The number of wake-up messages received so far on this channel.
