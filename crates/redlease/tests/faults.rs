@@ -498,3 +498,40 @@ async fn an_acquisition_rides_out_a_busy_script() {
     }
     panic!("the acquisition never reached the server while it was busy");
 }
+
+/// An extend whose reply comes back only after the lease ran out on the client: the
+/// lease ended for good (`lost()` said so, and a late reply does not revive it), so the
+/// extend must not report success — the holder would believe it holds for the new TTL,
+/// with no renewal behind it and `is_held()` saying otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_answered_after_the_lease_ran_out_reports_not_held() {
+    let server = server();
+    let proxy = Proxy::start(server.addr()).await.unwrap();
+    // Replies are held for longer than the lease: the response timeout must not cut in.
+    let client = impatient_client(&proxy.url(), Duration::from_secs(10), Duration::from_secs(3)).await;
+    let mutex = client
+        .mutex_with(
+            "late-extend",
+            LeaseOptions::new().ttl(Duration::from_secs(1)).auto_renew(false),
+        )
+        .unwrap();
+    let guard = mutex.try_lock().await.unwrap();
+    let lease = guard.lease().clone();
+
+    proxy.hold_replies();
+    let extend = tokio::spawn(async move {
+        let extended = guard.extend(Duration::from_secs(30)).await;
+        (extended, guard)
+    });
+    // The lease runs out on the client while the extend's reply is held back.
+    assert_eq!(
+        within(5.0, "the lease runs out", lease.lost()).await,
+        LostReason::Expired
+    );
+    proxy.release_replies();
+    let (extended, guard) = within(5.0, "the extend returns", extend).await.unwrap();
+    assert!(!guard.is_held(), "a late reply does not revive the lease");
+    let err = extended.expect_err("the extend was answered after the lease had ended");
+    assert!(err.is_not_held(), "{err}");
+    assert_eq!(guard.lease().lost_reason(), Some(LostReason::Expired));
+}

@@ -449,7 +449,12 @@ impl GuardCore {
             return Err(op.not_held());
         }
         state.set_ttl(ttl);
-        state.confirm(sent, ttl);
+        // Answered after the lease ran out (or ended otherwise meanwhile): it stays ended,
+        // and the extend did not keep it.
+        if !state.confirm(sent, ttl) {
+            tracing::debug!(lock = %base.name, "extend answered after the lease ended");
+            return Err(op.not_held());
+        }
         base.ctx.renewer.schedule(state);
         base.check_replicas(acked, Some(state), release).await
     }
@@ -581,7 +586,10 @@ macro_rules! guard_surface {
             /// has a replica policy whose timeout is more than half of `ttl` (nothing
             /// is sent; the lease is as it was);
             /// [`Error::NotHeld`](crate::Error::NotHeld) when the lease was already
-            /// lost (the lease then reports [`LostReason::Gone`](crate::LostReason::Gone));
+            /// lost (the lease then reports [`LostReason::Gone`](crate::LostReason::Gone)),
+            /// or ran out before the answer came (it stays
+            /// [`LostReason::Expired`](crate::LostReason::Expired): a late answer does not
+            /// revive it);
             /// [`Error::NotReplicated`](crate::Error::NotReplicated) when the lock's
             /// replica policy releases on a shortfall and too few replicas
             /// acknowledged (the lock was released); Redis errors.

@@ -368,16 +368,18 @@ impl LeaseState {
     ///
     /// A reply that arrives after `valid_until` passed does not revive the lease: the
     /// holder may already have been told it was lost, and must not be told otherwise.
-    pub fn confirm(&self, sent: Instant, ttl: Duration) {
+    /// Returns whether the lease is still held: an explicit extend answered too late
+    /// (or after the lease ended otherwise) must not report success either.
+    pub fn confirm(&self, sent: Instant, ttl: Duration) -> bool {
         {
             let mut state = self.state.lock().expect("lease lock");
             if Self::expire_locked(&mut state) {
                 drop(state);
                 self.ended_now(LostReason::Expired);
-                return;
+                return false;
             }
             if state.ended.is_some() && !state.releasing {
-                return;
+                return false;
             }
             let until = later(sent, ttl.saturating_sub(drift(ttl)));
             if until > state.valid_until {
@@ -388,6 +390,7 @@ impl LeaseState {
             }
         }
         self.changed.notify_waiters();
+        true
     }
 
     /// Sets the lease length later renewals ask for (an extend succeeded).
@@ -669,7 +672,7 @@ mod tests {
         let before = l.valid_until();
         assert!(l.end(LostReason::Gone));
         assert!(!l.end(LostReason::Released), "the first reason wins");
-        l.confirm(Instant::now(), Duration::from_secs(60));
+        assert!(!l.confirm(Instant::now(), Duration::from_secs(60)));
         assert_eq!(l.valid_until(), before);
         assert_eq!(l.ended(), Some(LostReason::Gone));
         assert!(!l.is_held());
@@ -680,7 +683,10 @@ mod tests {
         let l = lease(Duration::from_millis(300));
         let sent = Instant::now();
         tokio::time::sleep(Duration::from_millis(400)).await;
-        l.confirm(sent, Duration::from_secs(60));
+        assert!(
+            !l.confirm(sent, Duration::from_secs(60)),
+            "the confirmation says the lease is not held"
+        );
         assert_eq!(l.ended(), Some(LostReason::Expired));
         assert!(!l.is_held());
     }

@@ -312,7 +312,9 @@ fn settle(
 ) -> Option<Instant> {
     match outcome {
         Renewal::Confirmed { sent } => {
-            lease.confirm(sent, ttl);
+            // A lease that ended meanwhile (or ran out before the answer) is dropped
+            // from the schedule by its end; the requeue below then finds it stale.
+            let _ = lease.confirm(sent, ttl);
             counters.renewed.fetch_add(1, Ordering::Relaxed);
             tracing::trace!(lock = %lease.name, "renewed");
             Some(lease.next_renewal())

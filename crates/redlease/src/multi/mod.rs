@@ -891,7 +891,10 @@ impl MultiLock {
             return Err(not_held());
         }
         lease.set_ttl(ttl);
-        lease.confirm(sent.unwrap_or_else(Instant::now), ttl);
+        // Answered after the lease ran out: it stays ended.
+        if !lease.confirm(sent.unwrap_or_else(Instant::now), ttl) {
+            return Err(not_held());
+        }
         s.ctx.renewer.schedule(lease);
         Ok(())
     }

@@ -57,7 +57,10 @@ impl CustomKeeper for Keeper {
             match self.mutex.renew_round_counted(&self.token, ttl).await {
                 (Renewal::Confirmed { sent }, ..) => {
                     lease.set_ttl(ttl);
-                    lease.confirm(sent, ttl);
+                    // Answered after the lease ran out: it stays ended.
+                    if !lease.confirm(sent, ttl) {
+                        return Err(not_held());
+                    }
                     self.mutex.nodes()[0].renewer.schedule(lease);
                     Ok(())
                 }
