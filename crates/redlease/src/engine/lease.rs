@@ -242,7 +242,15 @@ impl LeaseState {
     fn ended_now(&self, reason: LostReason) {
         self.measure_end(reason);
         self.changed.notify_waiters();
-        self.unschedule();
+        let queue = self.unschedule();
+        // A lease the renewal task was keeping ran out before a renewal could confirm
+        // it, whoever noticed first: the task counts it.
+        if reason == LostReason::Expired
+            && self.auto_renew
+            && let Some(queue) = queue.and_then(|q| q.upgrade())
+        {
+            queue.ran_out();
+        }
         match reason {
             LostReason::Released => tracing::debug!(lock = %self.name, "lease ended"),
             _ => {
@@ -348,9 +356,10 @@ impl LeaseState {
     }
 
     /// Drops the renewal schedule: the lease leaves the renewal task's queue at once.
-    fn unschedule(&self) {
+    /// Returns the queue it was scheduled in, if any.
+    fn unschedule(&self) -> Option<Weak<dyn RenewalQueue>> {
         self.bump_epoch();
-        self.slot.leave();
+        self.slot.leave()
     }
 
     /// Records how many replicas acknowledged the last acquire or extend.
@@ -455,6 +464,10 @@ pub(crate) type Place = (Instant, u64);
 pub(crate) trait RenewalQueue: Send + Sync {
     /// Takes the lease at `place` out of the queue (nothing if it is not there).
     fn remove(&self, place: Place);
+
+    /// A lease of this queue, renewed automatically, ran out before a renewal could
+    /// confirm it.
+    fn ran_out(&self);
 }
 
 /// Where a lease waits in the renewal task's queue, so that it leaves at once when it
@@ -481,12 +494,13 @@ impl Slot {
         }
     }
 
-    /// Leaves the queue (the lease ended, or its holder finished releasing it).
-    pub fn leave(&self) {
+    /// Leaves the queue (the lease ended, or its holder finished releasing it); returns
+    /// the queue it was in.
+    pub fn leave(&self) -> Option<Weak<dyn RenewalQueue>> {
         let place = self.0.lock().expect("slot lock").take();
-        if let Some((queue, place)) = place {
-            leave(&queue, place);
-        }
+        let (queue, place) = place?;
+        leave(&queue, place);
+        Some(queue)
     }
 }
 

@@ -111,6 +111,10 @@ impl RenewalQueue for Inbox {
         // The lease (maybe its last reference) goes outside the lock.
         drop(removed);
     }
+
+    fn ran_out(&self) {
+        self.counters.lost.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Handle to the renewal task; the task stops when the last handle is dropped.
@@ -331,9 +335,9 @@ fn settle(
             let valid_until = lease.valid_until();
             if now >= valid_until {
                 tracing::warn!(lock = %lease.name, error = ?error, "renewal failed and the lease ran out");
-                if lease.end(LostReason::Expired) {
-                    counters.lost.fetch_add(1, Ordering::Relaxed);
-                }
+                // Counted by the queue as the lease ends (`valid_until` may have ended
+                // it already, as the holder's looking may have).
+                lease.end(LostReason::Expired);
                 None
             } else {
                 tracing::debug!(lock = %lease.name, error = ?error, "renewal failed; retrying");
