@@ -213,8 +213,14 @@ async fn majority_down_refuses_quickly_and_leaves_nothing() {
         // Bounded by the client's retry window (3 s) plus one round.
         assert!(took < Duration::from_secs(5), "{what} took {took:?}");
         println!("redlock {what} with 1 of 3 masters up refused after {took:?}: {msg}");
-        // The surviving master's claim was rolled back before the error was returned.
-        assert_eq!(key_counts(&servers).await, vec![0], "{what} left keys behind");
+        // The surviving master's claim is rolled back: before the error is returned when
+        // it answered within the node timeout, else (a loaded machine: 1 in 20 runs) in
+        // the background once it answers.
+        eventually(5.0, &format!("{what} leaves no keys behind"), || {
+            let servers = &servers;
+            async move { key_counts(servers).await == vec![0] }
+        })
+        .await;
     }
 
     // A client with a short retry window refuses at once.
