@@ -597,7 +597,8 @@ impl ClientBuilder {
     }
 
     /// For how long a request that failed in a way that may be temporary — a reply
-    /// timeout, a broken connection, a server still loading — is retried before the
+    /// timeout, a broken connection, a server still loading or failing over, a server
+    /// busy with another client's long script (`BUSY`) — is retried before the
     /// error is returned (default 3 s; zero: no retries). Safe for every operation: an
     /// acquire retried after a lost reply recognises the lock it already took.
     pub fn retry_window(mut self, window: Duration) -> Self {
