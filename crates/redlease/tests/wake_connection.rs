@@ -14,17 +14,24 @@ use redlease_testkit::RedisServer;
 
 const LONG: Duration = Duration::from_secs(30);
 
-/// The `resp` field of every connection subscribed to a channel (`CLIENT LIST`).
-async fn subscribers_resp(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+/// The field `name` (`resp`, `id`, …) of every connection subscribed to a channel
+/// (`CLIENT LIST`).
+async fn subscribers(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> Vec<String> {
     let list: String = redis::cmd("CLIENT").arg("LIST").query_async(conn).await.unwrap();
+    let prefix = format!("{name}=");
     list.lines()
         .filter(|line| line.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
         .filter_map(|line| {
             line.split(' ')
-                .find_map(|f| f.strip_prefix("resp="))
+                .find_map(|f| f.strip_prefix(prefix.as_str()))
                 .map(str::to_owned)
         })
         .collect()
+}
+
+/// The `resp` field of every connection subscribed to a channel.
+async fn subscribers_resp(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
+    subscribers(conn, "resp").await
 }
 
 /// A waiter of another client is handed the lock by the release, promptly, `rounds`
@@ -93,21 +100,8 @@ async fn a_server_that_refuses_resp3_wakes_over_resp2() {
 /// the message may reach nobody, and the reconnect wakes the waiter instead.
 async fn cut_wake_ups(server: &RedisServer, expect_resp: &str) {
     hand_overs(server, expect_resp, 3, |mut conn| async move {
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let ids: Vec<String> = list
-            .lines()
-            .filter(|line| line.split(' ').any(|f| f.starts_with("sub=") && f != "sub=0"))
-            .filter_map(|line| {
-                line.split(' ')
-                    .find_map(|f| f.strip_prefix("id="))
-                    .map(str::to_owned)
-            })
-            .collect();
-        assert_eq!(ids.len(), 1, "{list}");
+        let ids = subscribers(&mut conn, "id").await;
+        assert_eq!(ids.len(), 1, "{ids:?}");
         let killed: i64 = redis::cmd("CLIENT")
             .arg("KILL")
             .arg("ID")
