@@ -21,15 +21,15 @@
 //! master) releases `PUBLISH`, and the connection speaks RESP3: a message arrives as a
 //! push message, which redis-rs hands to a callback in the task that reads the socket,
 //! and the callback wakes the waiter there — no task in between, which is a thread
-//! wake-up less on the hand-over's path. A server that refuses RESP3 (a proxy, a user
-//! that may not run `HELLO`) gets a RESP2 pub/sub connection, read by the notifier's
-//! task. On a Redis Cluster, a `PUBLISH` would be broadcast over the cluster bus to every node, so
-//! releases `SPUBLISH` instead and the notifier `SSUBSCRIBE`s through a RESP3 cluster
-//! connection, which routes each subscription to the node owning the channel's slot (the
-//! lock's slot) and delivers messages as push messages, to the waiters straight from its
-//! callback as well. When a slot migrates, its old
-//! owner drops the subscriptions (`sunsubscribe`): the notifier wakes the channel's
-//! waiters and subscribes again, reaching the new owner.
+//! wake-up less on the hand-over's path. A server that refuses RESP3 (a proxy, a server
+//! with `HELLO` renamed away) gets a RESP2 pub/sub connection, read by the notifier's
+//! task. On a Redis Cluster, a `PUBLISH` would be broadcast over the cluster bus to
+//! every node, so releases `SPUBLISH` instead and the notifier `SSUBSCRIBE`s through a
+//! RESP3 cluster connection, which routes each subscription to the node owning the
+//! channel's slot (the lock's slot) and delivers messages as push messages, handed to
+//! the waiters by its callback as well (in the cluster connection's task). When a slot
+//! migrates, its old owner drops the subscriptions (`sunsubscribe`): the notifier wakes
+//! the channel's waiters and subscribes again, reaching the new owner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
