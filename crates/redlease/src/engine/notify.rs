@@ -506,8 +506,9 @@ impl Wake {
     }
 }
 
-/// Runs one step of opening the wake-up connection for at most [`COMMAND_TIMEOUT`]; a
-/// step that takes longer fails as an I/O time-out (a server that does not answer).
+/// Runs one step of opening the wake-up connection (or subscribing on it) for at most
+/// [`COMMAND_TIMEOUT`]; a step that takes longer fails as an I/O time-out (a server that
+/// does not answer).
 async fn bounded<T>(step: impl std::future::Future<Output = redis::RedisResult<T>>) -> redis::RedisResult<T> {
     match tokio::time::timeout(COMMAND_TIMEOUT, step).await {
         Ok(result) => result,
@@ -553,15 +554,22 @@ async fn run(
                 continue;
             }
         }
-        // The lookup and each connection attempt get a budget of their own: a server
-        // that refuses RESP3 costs a refused attempt and then a RESP2 connection, and
-        // the two must not share what one connection may take.
-        let opened = match bounded(connect()).await {
-            Ok(client) => Wake::open(client, &registry, &mut resp2).await,
-            Err(err) => Err(err),
-        };
-        let mut wake = match opened {
-            Ok(wake) => wake,
+        // The lookup, each connection attempt and the subscriptions get a budget of
+        // their own: a server that refuses RESP3 costs a refused attempt and then a RESP2
+        // connection, and the two must not share what one connection may take.
+        let connected = async {
+            let client = bounded(connect()).await?;
+            let mut wake = Wake::open(client, &registry, &mut resp2).await?;
+            let current = channels(&registry);
+            if !current.is_empty() {
+                let names: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
+                bounded(wake.subscribe(&names)).await?;
+            }
+            Ok::<_, redis::RedisError>((wake, current))
+        }
+        .await;
+        let (mut wake, current) = match connected {
+            Ok(connected) => connected,
             Err(err) => {
                 tracing::debug!(error = %err, "wake-up connection failed; waiters poll until it is back");
                 if sleep_or_shutdown(&mut rx, backoff).await {
@@ -571,21 +579,6 @@ async fn run(
                 continue;
             }
         };
-        let current = channels(&registry);
-        if !current.is_empty() {
-            let names: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
-            if !matches!(
-                tokio::time::timeout(COMMAND_TIMEOUT, wake.subscribe(&names)).await,
-                Ok(Ok(()))
-            ) {
-                tracing::debug!("wake-up subscriptions failed; waiters poll until they are back");
-                if sleep_or_shutdown(&mut rx, backoff).await {
-                    return;
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        }
         backoff = Duration::from_millis(50);
         for (_, ch) in &current {
             // After a reconnect, releases published while we were away were missed:
